@@ -1,0 +1,35 @@
+from setuptools import setup
+
+# The core trainer needs only torch, numpy, faster-fifo and gymnasium; the
+# rest are extras so that a CartPole user does not pull in a Doom engine.
+# opencv-python-headless instead of opencv-python: same cv2 API, but no GUI
+# libraries (libGL) that headless servers and CI machines lack.
+EXTRAS = {
+    "doom": ["vizdoom>=1.2", "opencv-python-headless>=4.8"],
+    "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
+    "wandb": ["wandb>=0.16"],
+    "dev": ["pytest>=7"],
+}
+EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
+
+setup(
+    name="fastrl",
+    version="0.1.0",
+    description="Asynchronous APPO reinforcement learning, as fast as one machine allows.",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=["fastrl", "fastrl.cuda", "envs", "envs.doom"],
+    package_data={"envs.doom": ["scenarios/*"]},
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.1",
+        "numpy>=1.24",
+        "faster-fifo>=1.4",
+        "gymnasium>=0.29",
+        "setproctitle>=1.3",
+        "psutil>=5.9",
+        "tensorboard>=2.12",
+        "tqdm>=4.60",
+    ],
+    extras_require=EXTRAS,
+)
