@@ -1,0 +1,185 @@
+"""APPO loss: PPO-clip policy loss on V-trace advantages, value and entropy terms.
+
+Pure tensor functions over time-major [T, B] inputs. `valid_t` weights each
+sample (1 = use it, 0 = dropped, e.g. its policy lag is past max_policy_lag);
+every mean here is the masked mean sum(x * valid) / max(sum(valid), 1).
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from fastrl.vtrace import bootstrap_truncation, check_time_major, episode_discounts, vtrace
+
+
+def _masked_mean(x, valid_t):
+    # where() rather than x * valid alone: a dropped sample may hold inf (a stale
+    # log-ratio overflowing exp), and inf * 0 would turn the whole mean into nan.
+    return torch.where(valid_t > 0, x * valid_t, 0).sum() / valid_t.sum().clamp(min=1)
+
+
+class PolicyLoss(NamedTuple):
+    loss: torch.Tensor  # scalar, with grad
+    clip_fraction: torch.Tensor  # scalar, detached
+
+
+def ppo_clip_policy_loss(log_ratio_t, advantage_t, clip_ratio, valid_t):
+    """PPO clipped surrogate (Schulman et al. 2017), to be minimized.
+
+        ratio_t = exp(log_ratio_t)
+        loss = -mean(min(ratio_t * A_t, clamp(ratio_t, 1 - clip, 1 + clip) * A_t))
+        clip_fraction = mean(|ratio_t - 1| > clip)
+
+    The gradient flows through `log_ratio_t`; `advantage_t` is treated as a constant.
+    """
+    check_time_major(log_ratio_t=log_ratio_t, advantage_t=advantage_t, valid_t=valid_t)
+    # Zero the log-ratio of dropped samples before exp(): their values may be huge,
+    # and a masked inf in the forward pass still makes a nan gradient.
+    log_ratio_t = torch.where(valid_t > 0, log_ratio_t, 0)
+    ratio_t = torch.exp(log_ratio_t)
+    advantage_t = advantage_t.detach()
+    surrogate_t = torch.min(ratio_t * advantage_t, ratio_t.clamp(1 - clip_ratio, 1 + clip_ratio) * advantage_t)
+    with torch.no_grad():
+        clip_fraction = _masked_mean(((ratio_t - 1).abs() > clip_ratio).to(ratio_t.dtype), valid_t)
+    return PolicyLoss(-_masked_mean(surrogate_t, valid_t), clip_fraction)
+
+
+def value_loss(v_tm1, target_tm1, valid_t, old_v_tm1=None, clip_value=None):
+    """Squared-error value loss, 0.5 * mean((v_tm1 - target_tm1)^2).
+
+    With `old_v_tm1` (the behaviour policy's values) and `clip_value`, the PPO
+    clipped form: 0.5 * mean(max((v - target)^2, (v_clipped - target)^2)) with
+    v_clipped = old_v + clamp(v - old_v, -clip_value, clip_value).
+    """
+    check_time_major(v_tm1=v_tm1, target_tm1=target_tm1, valid_t=valid_t)
+    if (old_v_tm1 is None) != (clip_value is None):
+        raise ValueError("value clipping needs both old_v_tm1 and clip_value, or neither.")
+    target_tm1 = target_tm1.detach()
+    sq_err_t = (v_tm1 - target_tm1) ** 2
+    if clip_value is not None:
+        check_time_major(v_tm1=v_tm1, old_v_tm1=old_v_tm1)
+        old_v_tm1 = old_v_tm1.detach()
+        v_clipped = old_v_tm1 + (v_tm1 - old_v_tm1).clamp(-clip_value, clip_value)
+        sq_err_t = torch.max(sq_err_t, (v_clipped - target_tm1) ** 2)
+    return 0.5 * _masked_mean(sq_err_t, valid_t)
+
+
+def entropy_loss(entropy_t, valid_t):
+    """-mean(entropy_t): adding coef * entropy_loss to a minimized loss raises entropy."""
+    check_time_major(entropy_t=entropy_t, valid_t=valid_t)
+    return -_masked_mean(entropy_t, valid_t)
+
+
+def normalize_advantages(adv_t, valid_t, eps=1e-8):
+    """(adv_t - mean) / (std + eps), with mean and (population) std over valid samples only.
+
+    Population rather than sample std, so a batch with one valid sample gives 0, not nan.
+    """
+    check_time_major(adv_t=adv_t, valid_t=valid_t)
+    mean = _masked_mean(adv_t, valid_t)
+    std = _masked_mean((adv_t - mean) ** 2, valid_t).sqrt()
+    return (adv_t - mean) / (std + eps)
+
+
+def _explained_variance(v_tm1, target_tm1, valid_t):
+    """1 - Var[target - v] / Var[target] over valid samples: 1 is perfect, <= 0 is useless."""
+    def var(x):
+        return _masked_mean((x - _masked_mean(x, valid_t)) ** 2, valid_t)
+
+    var_target = var(target_tm1)
+    return torch.where(var_target > 0, 1 - var(target_tm1 - v_tm1) / var_target, torch.nan)
+
+
+class APPOLoss(NamedTuple):
+    """`total` carries the gradient; the rest are detached 0-d tensors for logging.
+
+    Stats stay tensors: calling .item() here would force a device sync every step.
+    """
+
+    total: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor  # mean policy entropy (positive)
+    clip_fraction: torch.Tensor
+    approx_kl: torch.Tensor  # KL(behaviour || current), estimator mean((ratio - 1) - log_ratio)
+    advantage_mean: torch.Tensor  # before normalization
+    explained_variance: torch.Tensor  # of the V-trace targets by the values; nan if targets are constant
+
+
+def appo_loss(
+    logp_t,
+    behaviour_logp_t,
+    values,
+    r_t,
+    terminated_t,
+    truncated_t,
+    v_final_t,
+    entropy_t,
+    valid_t,
+    *,
+    gamma,
+    rho_bar,
+    c_bar,
+    clip_ratio,
+    value_coef,
+    entropy_coef,
+    normalize_adv,
+):
+    """The learner's loss for one batch of trajectories.
+
+    Inputs are [T, B] except `values`, the current values of s_0..s_T, [T+1, B].
+    `logp_t`, `values` and `entropy_t` come from the learner's forward pass (with
+    grad); `behaviour_logp_t` is what the acting policy recorded; `v_final_t` is the
+    value of the final observation on truncated steps (0 elsewhere).
+
+        total = policy_loss + value_coef * value_loss + entropy_coef * entropy_loss
+
+    The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
+    logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace vs.
+    A sample with valid_t = 0 is left out of every mean and cuts the trace
+    (rho = c = 0), so its reward, flags and log-probs reach no other sample.
+    """
+    check_time_major(
+        logp_t=logp_t, behaviour_logp_t=behaviour_logp_t, r_t=r_t, terminated_t=terminated_t,
+        truncated_t=truncated_t, v_final_t=v_final_t, entropy_t=entropy_t, valid_t=valid_t,
+    )
+    T, B = r_t.shape
+    if values.shape != (T + 1, B):
+        raise ValueError(
+            f"values has shape {tuple(values.shape)} but must be [T+1, B] = ({T + 1}, {B}): "
+            "the values of s_0..s_T, the last one bootstrapping the rollout."
+        )
+    valid_t = valid_t.to(r_t.dtype)
+    v_tm1, v_t = values[:-1], values[1:]
+    log_ratio_t = logp_t - behaviour_logp_t.detach()
+
+    with torch.no_grad():
+        # A step that both terminated and truncated ended for real: no bootstrap.
+        bootstrapped_t = (truncated_t != 0) & (terminated_t == 0)
+        r_t = bootstrap_truncation(r_t, bootstrapped_t, v_final_t, gamma)
+        discount_t = episode_discounts(terminated_t.to(r_t.dtype), truncated_t, gamma)
+        # A dropped sample cuts the trace (rho = c = 0): its behaviour policy is too
+        # stale (or foreign) for its importance weight to mean anything, so earlier
+        # samples bootstrap from the current V(s_t) instead of through its data.
+        log_rho_t = torch.where(valid_t > 0, log_ratio_t, -torch.inf)
+        returns = vtrace(v_tm1.detach(), v_t.detach(), r_t, discount_t, log_rho_t, rho_bar=rho_bar, c_bar=c_bar)
+        adv_t = returns.pg_advantage_t
+        if normalize_adv:
+            adv_t = normalize_advantages(adv_t, valid_t)
+
+    policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t)
+    value = value_loss(v_tm1, returns.vs_tm1, valid_t)
+    entropy = entropy_loss(entropy_t, valid_t)
+    total = policy.loss + value_coef * value + entropy_coef * entropy
+
+    with torch.no_grad():
+        return APPOLoss(
+            total=total,
+            policy_loss=policy.loss.detach(),
+            value_loss=value.detach(),
+            entropy=-entropy.detach(),
+            clip_fraction=policy.clip_fraction,
+            approx_kl=_masked_mean(torch.expm1(log_ratio_t) - log_ratio_t, valid_t),
+            advantage_mean=_masked_mean(returns.pg_advantage_t, valid_t),
+            explained_variance=_explained_variance(v_tm1.detach(), returns.vs_tm1, valid_t),
+        )
