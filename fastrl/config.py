@@ -1,0 +1,259 @@
+"""Every option of fastrl in one dataclass, the command line built from it, and
+the checks that refuse an impossible configuration before any process starts.
+
+Each field carries its help text where it is declared; `--help` prints them all.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    """A configuration a run can never succeed with; the message says how to fix it."""
+
+
+def _opt(default, help: str, **extra):
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Config:
+    # --- what to train and where it goes -------------------------------------------
+    env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...) or any gymnasium id (CartPole-v1).")
+    experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.")
+    train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).")
+    restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).")
+    seed: int = _opt(0, "Seed for envs and the model's initial weights.")
+    device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
+
+    # --- processes --------------------------------------------------------------------
+    num_workers: int = _opt(2, "Rollout worker processes, each stepping its own envs.")
+    num_envs_per_worker: int = _opt(16, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering).")
+    inference: str = _opt(
+        "local",
+        "Where actions are computed: 'local' runs the model inside each rollout worker on its own envs (no round trip, best on few CPU cores); "
+        "'policy_worker' sends observations to separate batched policy-worker processes (best with a GPU or many workers).",
+        choices=("local", "policy_worker"),
+    )
+    num_policy_workers: int = _opt(1, "Policy-worker processes (only with --inference policy_worker).")
+    torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal time from other processes.")
+    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus two learner batches). Fewer buffers throttle sampling and lower the policy lag.")
+    inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
+
+    # --- algorithm: APPO ----------------------------------------------------------------
+    rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.")
+    batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split.")
+    ppo_epochs: int = _opt(1, "Passes over each batch.")
+    num_minibatches: int = _opt(1, "Gradient steps per pass; the batch's trajectories are split evenly among them.")
+    lr: float = _opt(3e-4, "Adam learning rate.")
+    adam_eps: float = _opt(1e-6, "Adam epsilon.")
+    gamma: float = _opt(0.99, "Discount factor.")
+    rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
+    c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
+    clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
+    value_coef: float = _opt(0.5, "Weight of the value loss.")
+    entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
+    max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
+    normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
+    max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest.")
+
+    # --- model --------------------------------------------------------------------------
+    hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
+    activation: str = _opt("tanh", "MLP activation.", choices=("tanh", "relu", "elu"))
+    use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
+    rnn_size: int = _opt(512, "GRU hidden size.")
+    normalize_obs: bool = _opt(False, "Running mean/std normalisation of vector observations inside the model.")
+
+    # --- env options --------------------------------------------------------------------
+    doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
+    doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
+
+    # --- when to stop -------------------------------------------------------------------
+    train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.")
+    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time; 0 = no limit.")
+    stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.")
+
+    # --- bookkeeping ----------------------------------------------------------------------
+    checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
+    keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
+    status_every_seconds: float = _opt(5.0, "Seconds between console status lines.")
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def experiment_dir(self) -> str:
+        return os.path.join(self.train_dir, self.experiment or self.env)
+
+    @property
+    def num_splits(self) -> int:
+        """Env groups per worker: two alternate with a policy worker, one with local inference
+        (a worker computing its own actions cannot overlap them with stepping anyway)."""
+        return 2 if self.inference == "policy_worker" else 1
+
+    @property
+    def envs_per_split(self) -> int:
+        return self.num_envs_per_worker // self.num_splits
+
+    @property
+    def samples_per_buffer(self) -> int:
+        return self.rollout * self.envs_per_split
+
+    @property
+    def buffers_per_batch(self) -> int:
+        return self.batch_size // self.samples_per_buffer
+
+    @property
+    def total_buffers(self) -> int:
+        if self.num_buffers:
+            return self.num_buffers
+        return self.num_workers * self.num_splits + 2 * self.buffers_per_batch
+
+    @property
+    def hidden_size_tuple(self) -> tuple:
+        return tuple(int(s) for s in self.hidden_sizes.split(",") if s.strip())
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError naming the first impossible setting and how to fix it."""
+    if not cfg.env:
+        raise ConfigError("No environment given: pass --env, for example --env CartPole-v1 or --env doom_battle.")
+    for name in ("num_workers", "num_envs_per_worker", "num_policy_workers", "torch_threads", "rollout",
+                 "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be a positive whole number.")
+    for name in ("lr", "status_every_seconds", "checkpoint_every_seconds"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
+    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef",
+                 "inference_batch_wait_ms", "max_policy_lag"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
+    if not 0.0 <= cfg.gamma <= 1.0:
+        raise ConfigError(f"--gamma is {cfg.gamma} but must lie in [0, 1].")
+    try:
+        sizes = cfg.hidden_size_tuple
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) <= 0:
+        raise ConfigError(f"--hidden_sizes '{cfg.hidden_sizes}' must be positive whole numbers separated by commas, like 64,64.")
+    if cfg.num_envs_per_worker % cfg.num_splits:
+        raise ConfigError(
+            f"--num_envs_per_worker {cfg.num_envs_per_worker} must be even with --inference policy_worker, "
+            "because each worker's envs are split in two halves that alternate."
+        )
+    per_buffer = cfg.samples_per_buffer
+    if cfg.batch_size % per_buffer:
+        lower = max(per_buffer, cfg.batch_size // per_buffer * per_buffer)
+        raise ConfigError(
+            f"--batch_size {cfg.batch_size} is not a multiple of rollout x envs per split = "
+            f"{cfg.rollout} x {cfg.envs_per_split} = {per_buffer}; use {lower} or {lower + per_buffer}."
+        )
+    if cfg.buffers_per_batch % cfg.num_minibatches:
+        raise ConfigError(
+            f"--num_minibatches {cfg.num_minibatches} must divide the {cfg.buffers_per_batch} trajectory groups of a batch "
+            f"(batch_size / (rollout x envs per split)); pick a divisor of {cfg.buffers_per_batch}."
+        )
+    if cfg.num_buffers and cfg.num_buffers < cfg.num_workers * cfg.num_splits + cfg.buffers_per_batch:
+        need = cfg.num_workers * cfg.num_splits + cfg.buffers_per_batch
+        raise ConfigError(
+            f"--num_buffers {cfg.num_buffers} can never fill a batch: every worker split holds one buffer while it samples "
+            f"and a batch needs {cfg.buffers_per_batch} more; use at least {need}."
+        )
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for but torch sees no CUDA device; use --device auto or cpu.")
+    if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
+        raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
+    _check_writable(cfg.train_dir)
+
+
+def _check_writable(path: str) -> None:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--train_dir {path} cannot be written ({probe} is not a writable folder); choose another --train_dir.")
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+def _str2bool(text: str) -> bool:
+    low = str(text).lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _optional_float(text: str) -> Optional[float]:
+    return None if str(text).lower() in ("none", "") else float(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-sentence errors and a 'did you mean' for misspelt options."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "python -m fastrl.train", description: str = "Train an agent with asynchronous APPO.") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=description, allow_abbrev=False,
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Config):
+        meta = f.metadata
+        kwargs = {"default": f.default, "help": meta["help"], "dest": f.name}
+        if f.type in ("bool", bool):
+            kwargs.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
+        elif f.type in ("int", int):
+            kwargs["type"] = int
+        elif f.type in ("float", float):
+            kwargs["type"] = float
+        elif f.type in ("Optional[float]",):
+            kwargs["type"] = _optional_float
+        else:
+            kwargs["type"] = str
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
+        parser.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> tuple:
+    """Parse argv into (Config, extra namespace); unknown options exit 2 with a suggestion."""
+    parser = parser or build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = parser.parse_known_args(argv)
+    options = [u for u in unknown if u.startswith("--")]
+    if unknown:
+        bad = (options or unknown)[0]
+        known = [a for action in parser._actions for a in action.option_strings]
+        guess = difflib.get_close_matches(bad.split("=")[0], known, n=1)
+        hint = f" Did you mean {guess[0]}?" if guess else " Run with --help to list the options."
+        parser.exit(2, f"{parser.prog}: error: unknown option {bad}.{hint}\n")
+    names = {f.name for f in dataclasses.fields(Config)}
+    cfg = Config(**{k: v for k, v in vars(args).items() if k in names})
+    extra = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in names})
+    return cfg, extra
+
+
+def save_config(cfg: Config, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(cfg.to_dict(), fh, indent=2, sort_keys=True)
+    os.replace(tmp, path)

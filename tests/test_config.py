@@ -1,0 +1,71 @@
+"""The command line and the checks that refuse impossible configurations."""
+import dataclasses
+import os
+
+import pytest
+
+from fastrl.config import Config, ConfigError, build_parser, parse_args, validate
+
+
+def test_every_field_has_help_and_a_flag():
+    parser = build_parser()
+    flags = {a.dest: a for a in parser._actions}
+    for f in dataclasses.fields(Config):
+        assert f.metadata["help"], f.name
+        assert f.name in flags and flags[f.name].help == f.metadata["help"]
+
+
+def test_parse_values_and_bool_forms():
+    cfg, _ = parse_args(["--env", "CartPole-v1", "--num_workers", "3", "--lr", "0.001", "--use_rnn",
+                         "--normalize_advantages", "false", "--stop_at_reward", "195"])
+    assert (cfg.env, cfg.num_workers, cfg.lr, cfg.use_rnn, cfg.normalize_advantages, cfg.stop_at_reward) == \
+        ("CartPole-v1", 3, 0.001, True, False, 195.0)
+    assert cfg.experiment_dir == os.path.join("train_dir", "CartPole-v1")
+
+
+def test_unknown_option_suggests_the_closest(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--env", "CartPole-v1", "--num_worker", "2"])
+    assert exc.value.code == 2
+    assert "Did you mean --num_workers?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"env": ""}, "--env"),
+    ({"num_workers": 0}, "--num_workers is 0"),
+    ({"num_envs_per_worker": -2}, "--num_envs_per_worker is -2"),
+    ({"rollout": 32, "num_envs_per_worker": 16, "batch_size": 1000}, "use 512 or 1024"),
+    ({"inference": "policy_worker", "num_envs_per_worker": 7}, "must be even"),
+    ({"num_buffers": 2}, "can never fill a batch"),
+    ({"hidden_sizes": "64,x"}, "--hidden_sizes"),
+    ({"gamma": 1.5}, "--gamma"),
+])
+def test_impossible_configs_are_refused_with_a_sentence(tmp_path, change, words):
+    cfg = dataclasses.replace(Config(env="CartPole-v1", train_dir=str(tmp_path)), **change)
+    with pytest.raises(ConfigError) as exc:
+        validate(cfg)
+    assert words in str(exc.value)
+
+
+def test_unwritable_train_dir_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root ignores permissions)")
+        with pytest.raises(ConfigError, match="cannot be written"):
+            validate(Config(env="CartPole-v1", train_dir=str(locked / "runs")))
+    finally:
+        locked.chmod(0o700)
+
+
+def test_unwritable_train_dir_under_a_file_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="cannot be written"):
+        validate(Config(env="CartPole-v1", train_dir=str(blocker / "runs")))
+
+
+def test_defaults_are_valid(tmp_path):
+    validate(Config(env="CartPole-v1", train_dir=str(tmp_path)))
