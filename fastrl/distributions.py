@@ -1,0 +1,259 @@
+"""Action spaces as policy-head layouts and the distributions built on them.
+
+`ActionSpec.from_space` turns a gymnasium action space into everything the rest of
+the trainer needs to know about actions: how many numbers the policy head emits,
+how actions are stored (a tensor [B, action_dim] of one dtype, so shared-memory
+buffers need no per-space layout), the distribution over them, and the conversion of
+one stored row back into what `env.step` expects.
+
+Discrete actions are stored zero-based (index into the space's `n` values); `to_env`
+adds the space's `start`. Continuous actions are stored unclipped, exactly as
+sampled, so their log-probabilities stay exact; `to_env` clips them to the bounds.
+
+The categorical product does not use `torch.distributions`: it builds one
+`log_softmax` per run of consecutive equal-sized components, on a [B, count, size]
+view, and samples, gathers and sums on those tensors directly. Measured with timeit
+(1 thread, sample + log_prob + entropy, busy shared 2-core machine):
+
+    sizes                 B     this module   Categorical per component
+    [3, 3, 2, 5, 9]       32      ~240 us        ~630 us
+    [3, 3, 2, 5, 9]     4096      ~4.3 ms        ~6.6 ms
+    [3] * 8               32      ~130 us       ~1040 us
+    [18]                  32       ~80 us        ~190 us
+
+torch.distributions pays per-component constructor and validation overhead, which
+dominates at inference batch sizes. Padding every component to the widest one (a
+single log_softmax) was faster at B=32 but 2x slower at B=4096, where the learner
+lives; runs of equal sizes give one op for Discrete and equal-sized MultiDiscrete
+and one per size change otherwise.
+"""
+
+import math
+from abc import ABC, abstractmethod
+from typing import List, Optional, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_SPACES = "Discrete, MultiDiscrete, Tuple of Discrete, Box"
+
+# Keeps exp(log_std) away from 0 (log_prob blows up) and from huge values (samples
+# far outside any sane bounds). The clamp only bites on a degenerate optimiser run.
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class CategoricalProduct:
+    """Independent categoricals over the columns of an int64 action tensor.
+
+    logits: [B, sum(sizes)], the components' logits side by side.
+    runs: (count, size) pairs, consecutive components sharing a size, whose
+    log_softmax is computed in one op on a [B, count, size] view.
+    """
+
+    def __init__(self, logits: torch.Tensor, runs: Sequence[Tuple[int, int]]):
+        batch = logits.shape[0]
+        widths = [count * size for count, size in runs]
+        self._log_probs: List[torch.Tensor] = [
+            F.log_softmax(chunk.reshape(batch, count, size), dim=-1)
+            for chunk, (count, size) in zip(logits.split(widths, dim=-1), runs)
+        ]
+        self._counts = [count for count, _ in runs]
+
+    def sample(self) -> torch.Tensor:
+        """Random actions, int64 [B, num_components]."""
+        picks = []
+        for log_p in self._log_probs:
+            batch, count, size = log_p.shape
+            probs = log_p.exp().reshape(batch * count, size)
+            picks.append(torch.multinomial(probs, 1).reshape(batch, count))
+        return torch.cat(picks, dim=1)
+
+    def mode(self) -> torch.Tensor:
+        """Most likely action per component (argmax), int64 [B, num_components]."""
+        return torch.cat([log_p.argmax(dim=-1) for log_p in self._log_probs], dim=1)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Joint log-probability [B] of int64 actions [B, num_components]."""
+        total = 0.0
+        for log_p, cols in zip(self._log_probs, actions.split(self._counts, dim=1)):
+            total = total + log_p.gather(-1, cols.unsqueeze(-1)).sum(dim=(1, 2))
+        return total
+
+    def entropy(self) -> torch.Tensor:
+        """Joint entropy [B]: the sum of the components' entropies."""
+        total = 0.0
+        for log_p in self._log_probs:
+            total = total - (log_p.exp() * log_p).sum(dim=(1, 2))
+        return total
+
+
+class DiagGaussian:
+    """Independent normals with a batch of means and one shared log-std vector."""
+
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor):
+        self.mean = mean
+        self.log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).expand_as(mean)
+        self.std = self.log_std.exp()
+
+    def sample(self) -> torch.Tensor:
+        """Random actions, float32 [B, action_dim] (unclipped, not differentiable)."""
+        with torch.no_grad():
+            return self.mean + self.std * torch.randn_like(self.mean)
+
+    def mode(self) -> torch.Tensor:
+        """The mean, float32 [B, action_dim]."""
+        return self.mean
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Joint log-density [B] of actions [B, action_dim]."""
+        z = (actions - self.mean) / self.std
+        return (-0.5 * z * z - self.log_std - _HALF_LOG_2PI).sum(dim=-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Joint entropy [B]."""
+        return (0.5 + _HALF_LOG_2PI + self.log_std).sum(dim=-1)
+
+
+class ActionSpec(ABC):
+    """How one action space maps to the policy head, storage and env.
+
+    Attributes:
+        num_params: width of the policy head's output.
+        action_dim: columns of a stored action row.
+        dtype: storage dtype (torch.int64 for discrete kinds, torch.float32 for Box).
+        is_continuous: True for Box; the model then owns a learned log-std vector of
+            size action_dim and passes it to `distribution`.
+    """
+
+    num_params: int
+    action_dim: int
+    dtype: torch.dtype
+    is_continuous: bool
+
+    @staticmethod
+    def from_space(space: gym.Space) -> "ActionSpec":
+        """Build the spec for a gymnasium action space.
+
+        Raises ValueError for anything but Discrete, MultiDiscrete, a Tuple of
+        Discrete, or Box.
+        """
+        if isinstance(space, gym.spaces.Discrete):
+            return CategoricalSpec([int(space.n)], "discrete", [int(space.start)])
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return CategoricalSpec(
+                [int(n) for n in space.nvec.reshape(-1)],
+                "multi_discrete",
+                [int(s) for s in space.start.reshape(-1)],
+                env_shape=space.nvec.shape,
+            )
+        if isinstance(space, gym.spaces.Tuple):
+            if space.spaces and all(isinstance(s, gym.spaces.Discrete) for s in space.spaces):
+                return CategoricalSpec(
+                    [int(s.n) for s in space.spaces], "tuple", [int(s.start) for s in space.spaces]
+                )
+            raise ValueError(
+                f"Unsupported action space {space}: a Tuple action space must hold only "
+                f"Discrete spaces (supported: {SUPPORTED_SPACES}); use MultiDiscrete or "
+                f"flatten the action space in an env wrapper."
+            )
+        if isinstance(space, gym.spaces.Box):
+            return GaussianSpec(space)
+        raise ValueError(
+            f"Unsupported action space {space}; supported: {SUPPORTED_SPACES}. Wrap the "
+            f"env so that its action space is one of these."
+        )
+
+    @abstractmethod
+    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
+        """The action distribution for policy-head output `params` [B, num_params].
+
+        `log_std` is the model's learned log-std [action_dim] for Box spaces and must
+        be None otherwise. The result has sample(), mode(), log_prob(actions) -> [B]
+        and entropy() -> [B].
+        """
+
+    @abstractmethod
+    def to_env(self, action_row: np.ndarray):
+        """Convert one stored action row [action_dim] into what env.step expects."""
+
+    def _check_params(self, params: torch.Tensor) -> None:
+        if params.dim() != 2 or params.shape[1] != self.num_params:
+            raise ValueError(
+                f"distribution() expects policy-head output of shape [B, {self.num_params}], "
+                f"got {tuple(params.shape)}; flatten leading batch dims before calling it."
+            )
+
+
+class CategoricalSpec(ActionSpec):
+    """Discrete, MultiDiscrete and Tuple-of-Discrete: a product of categoricals.
+
+    kind: "discrete" (env gets an int), "multi_discrete" (np.int64 array of
+    env_shape) or "tuple" (tuple of ints). starts: each component's `start`.
+    """
+
+    def __init__(self, sizes: List[int], kind: str, starts: List[int], env_shape=None):
+        if any(n < 1 for n in sizes):
+            raise ValueError(f"Every discrete action component needs n >= 1, got sizes {sizes}.")
+        self.sizes = sizes
+        self.kind = kind
+        self.num_params = sum(sizes)
+        self.action_dim = len(sizes)
+        self.dtype = torch.int64
+        self.is_continuous = False
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self._env_shape = env_shape
+        self._runs: List[Tuple[int, int]] = []
+        for n in sizes:
+            if self._runs and self._runs[-1][1] == n:
+                self._runs[-1] = (self._runs[-1][0] + 1, n)
+            else:
+                self._runs.append((1, n))
+
+    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
+        """A CategoricalProduct over `params` logits [B, num_params]."""
+        self._check_params(params)
+        if log_std is not None:
+            raise ValueError("Discrete action spaces have no log-std; pass log_std=None.")
+        return CategoricalProduct(params, self._runs)
+
+    def to_env(self, action_row: np.ndarray):
+        """int (Discrete), np.int64 array (MultiDiscrete) or tuple of ints (Tuple)."""
+        if self.kind == "discrete":
+            return int(action_row[0]) + int(self._starts[0])
+        shifted = np.asarray(action_row, dtype=np.int64) + self._starts
+        if self.kind == "multi_discrete":
+            return shifted.reshape(self._env_shape)
+        return tuple(int(a) for a in shifted)
+
+
+class GaussianSpec(ActionSpec):
+    """Box: a diagonal Gaussian with a state-independent learned log-std."""
+
+    def __init__(self, space: gym.spaces.Box):
+        self.action_dim = int(np.prod(space.shape, dtype=np.int64))
+        if self.action_dim < 1:
+            raise ValueError(f"Box action space {space} has no dimensions; give it shape (n,).")
+        self.num_params = self.action_dim
+        self.dtype = torch.float32
+        self.is_continuous = True
+        self._shape = space.shape
+        self._low = space.low.reshape(-1).astype(np.float32)
+        self._high = space.high.reshape(-1).astype(np.float32)
+
+    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
+        """A DiagGaussian with mean `params` [B, action_dim] and std exp(log_std)."""
+        self._check_params(params)
+        if log_std is None or log_std.shape != (self.action_dim,):
+            raise ValueError(
+                f"Box action spaces need the model's log-std of shape ({self.action_dim},), "
+                f"got {None if log_std is None else tuple(log_std.shape)}."
+            )
+        return DiagGaussian(params, log_std)
+
+    def to_env(self, action_row: np.ndarray) -> np.ndarray:
+        """float32 array of the space's shape, clipped to its bounds."""
+        clipped = np.clip(np.asarray(action_row, dtype=np.float32), self._low, self._high)
+        return clipped.reshape(self._shape)

@@ -1,0 +1,454 @@
+"""The actor-critic network and the observation layout it shares with the plumbing.
+
+Observations always travel as a dict {key: tensor}: a plain Box or Discrete space is
+the single key "obs", a gymnasium Dict space keeps its own keys. `obs_layout` fixes
+each key's per-sample shape and storage dtype once, so shared-memory buffers can be
+allocated before any env runs; `obs_to_tensors` converts one raw env observation to
+that layout on the rollout worker's hot path.
+
+Images are stored as uint8 [C, H, W] and only become float inside the model: a
+quarter of the shared memory and copy bandwidth of float32, which matters more than
+the cost of one conversion inside the batched forward pass.
+
+Two entry points serve the two callers. `act` is one inference step for a policy
+worker. `evaluate` is the learner's unroll over a [T+1, B] trajectory; without an RNN
+it flattens time into the batch, with one it runs the encoders batched and loops only
+the GRU cell over time, resetting the state where an episode begins. Inference and
+learner unroll share `_encode` and `_core_step`, so they agree by construction (and the
+tests check that they do).
+"""
+
+import math
+from typing import Dict, List, NamedTuple, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fastrl.distributions import ActionSpec
+
+ObsLayout = Dict[str, Tuple[Tuple[int, ...], torch.dtype]]
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+NORM_CLIP = 10.0
+NORM_EPS = 1e-8
+CONV_MIN_SIZE = 36  # smallest H and W the 8/4, 4/2, 3/2 conv stack accepts
+
+
+def _is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def _leaf_layout(key: str, space: gym.Space) -> Tuple[Tuple[int, ...], torch.dtype]:
+    if isinstance(space, gym.spaces.Discrete):
+        return (), torch.int64
+    if not isinstance(space, gym.spaces.Box):
+        raise ValueError(
+            f"Observation '{key}' has unsupported space {space}; supported are Box, "
+            f"Discrete and a Dict of those. Wrap the env to convert it."
+        )
+    shape = tuple(int(d) for d in space.shape)
+    if _is_image(space):
+        if shape[-1] in (1, 3, 4) and shape[0] > 4:
+            raise ValueError(
+                f"Image observation '{key}' of shape {shape} looks channel-last (H, W, C); "
+                f"fastrl expects channel-first (C, H, W): transpose it in the env, e.g. "
+                f"with an observation wrapper doing np.transpose(obs, (2, 0, 1))."
+            )
+        return shape, torch.uint8
+    return shape, torch.float32
+
+
+def obs_layout(obs_space: gym.Space) -> ObsLayout:
+    """Per observation key, its per-sample shape and storage dtype.
+
+    Box -> key "obs"; Dict -> its own keys (each Box or Discrete); Discrete -> key
+    "obs" with shape () int64. Rank-3 uint8 Boxes are images stored uint8 [C, H, W];
+    every other Box is stored float32 in its own shape. Raises ValueError for other
+    spaces and for images that look channel-last.
+    """
+    if isinstance(obs_space, gym.spaces.Dict):
+        if not obs_space.spaces:
+            raise ValueError("The observation Dict space is empty; give it at least one key.")
+        return {key: _leaf_layout(key, sub) for key, sub in obs_space.spaces.items()}
+    return {"obs": _leaf_layout("obs", obs_space)}
+
+
+def _leaf_to_tensor(value, space: gym.Space) -> torch.Tensor:
+    if isinstance(space, gym.spaces.Discrete):
+        return torch.tensor(int(value), dtype=torch.int64)
+    # ascontiguousarray is free for the usual contiguous array of the right dtype and
+    # fixes negative strides (np.flip, ::-1), which torch.from_numpy refuses.
+    np_dtype = np.uint8 if _is_image(space) else np.float32
+    return torch.from_numpy(np.ascontiguousarray(value, dtype=np_dtype)).view(space.shape)
+
+
+def obs_to_tensors(obs, obs_space: gym.Space) -> Dict[str, torch.Tensor]:
+    """Convert one env's raw observation to {key: tensor} in the `obs_layout` dtypes.
+
+    obs is a numpy array (Box), an int (Discrete) or a dict of those (Dict). The
+    tensors may share memory with `obs` when no conversion is needed, so copy them
+    (e.g. into shared memory) before the env reuses its buffers.
+    """
+    if isinstance(obs_space, gym.spaces.Dict):
+        return {key: _leaf_to_tensor(obs[key], sub) for key, sub in obs_space.spaces.items()}
+    return {"obs": _leaf_to_tensor(obs, obs_space)}
+
+
+class RunningNorm(nn.Module):
+    """Running mean/variance of a feature vector, applied as a clipped z-score.
+
+    The statistics are float32 buffers, so they are saved in state_dict and carried
+    by flat_state to policy workers together with the weights that were trained on
+    them.
+    """
+
+    def __init__(self, shape: Tuple[int, ...]):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.zeros(()))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Merge a batch x [..., *shape] into the statistics (parallel-variance formula)."""
+        x = x.reshape(-1, *self.mean.shape).double()  # float64: sums of many samples
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        count = self.count.double()
+        total = count + n
+        delta = batch_mean - self.mean.double()
+        new_mean = self.mean.double() + delta * (n / total)
+        m2 = self.var.double() * count + batch_var * n + delta.square() * (count * n / total)
+        self.mean.copy_(new_mean)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise x [N, *shape] and clip it to [-NORM_CLIP, NORM_CLIP]."""
+        z = (x - self.mean) * torch.rsqrt(self.var + NORM_EPS)
+        return z.clamp(-NORM_CLIP, NORM_CLIP)
+
+
+def _mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> Tuple[nn.Sequential, int]:
+    layers: List[nn.Module] = []
+    for size in hidden_sizes:
+        layers += [nn.Linear(in_dim, size), ACTIVATIONS[activation]()]
+        in_dim = size
+    return nn.Sequential(*layers), in_dim
+
+
+class VectorEncoder(nn.Module):
+    """Float vector (any Box shape, flattened) -> optional normaliser -> MLP."""
+
+    def __init__(self, shape, hidden_sizes, activation, normalize):
+        super().__init__()
+        self.norm = RunningNorm(shape) if normalize else None
+        self.net, self.out_dim = _mlp(int(np.prod(shape, dtype=np.int64)), hidden_sizes, activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, *shape] -> features [N, out_dim]."""
+        x = x.float()
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.net(x.flatten(1))
+
+
+class DiscreteEncoder(nn.Module):
+    """Discrete observation -> one-hot -> MLP."""
+
+    def __init__(self, space: gym.spaces.Discrete, hidden_sizes, activation):
+        super().__init__()
+        self.n, self.start = int(space.n), int(space.start)
+        self.net, self.out_dim = _mlp(self.n, hidden_sizes, activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x int64 [N] -> features [N, out_dim]."""
+        return self.net(F.one_hot(x.long() - self.start, self.n).float())
+
+
+class ConvEncoder(nn.Module):
+    """uint8 image [C, H, W] -> /255 -> conv 32k8s4, 64k4s2, 128k3s2 -> FC 512 (ELU)."""
+
+    def __init__(self, key: str, shape: Tuple[int, int, int]):
+        super().__init__()
+        channels, height, width = shape
+        if min(height, width) < CONV_MIN_SIZE:
+            raise ValueError(
+                f"Image observation '{key}' of shape {shape} is too small for the conv "
+                f"encoder, which needs H and W >= {CONV_MIN_SIZE}; resize it in the env."
+            )
+        self.conv = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, 4), nn.ELU(),
+            nn.Conv2d(32, 64, 4, 2), nn.ELU(),
+            nn.Conv2d(64, 128, 3, 2), nn.ELU(),
+            nn.Flatten(),
+        )
+        for kernel, stride in ((8, 4), (4, 2), (3, 2)):
+            height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+        self.fc = nn.Sequential(nn.Linear(128 * height * width, 512), nn.ELU())
+        self.out_dim = 512
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x uint8 [N, C, H, W] -> features [N, 512]."""
+        return self.fc(self.conv(x.float() * (1.0 / 255.0)))
+
+
+class ActOutput(NamedTuple):
+    """One inference step: actions [B, action_dim], logp [B], values [B], rnn_state [B, H]."""
+
+    actions: torch.Tensor
+    logp: torch.Tensor
+    values: torch.Tensor
+    rnn_state: torch.Tensor
+
+
+class EvalOutput(NamedTuple):
+    """Learner unroll over T transitions plus the bootstrap step.
+
+    logp, entropy [T, B]; values [T+1, B]; core_out [T+1, B, F]; rnn_states
+    [T+1, B, H], the hidden state carried into each step before the episode-start
+    reset (so for an episode ending at step t, rnn_states[t+1] is its final state).
+    """
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor
+    core_out: torch.Tensor
+    rnn_states: torch.Tensor
+
+
+class ActorCritic(nn.Module):
+    """Encoders per observation key, an optional GRU core, policy and value heads.
+
+    Args:
+        obs_space: observation space (Box, Discrete, or Dict of those).
+        action_space: any space `ActionSpec.from_space` supports.
+        hidden_sizes: MLP widths for vector and discrete observations.
+        use_rnn: add a GRU core of `rnn_size` after the encoders.
+        activation: "tanh", "relu" or "elu" for the MLPs (the conv stack uses ELU).
+        normalize_obs: keep running statistics of vector observations and feed the
+            clipped z-scores to the MLP; the learner updates them via
+            `update_normalizer`.
+
+    Attributes used by callers: `layout` (obs_layout of obs_space), `action_spec`,
+    `rnn_state_size` (0 without an RNN), `core_size` (width of core_out).
+    """
+
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int] = (64, 64),
+        use_rnn: bool = False,
+        rnn_size: int = 512,
+        activation: str = "tanh",
+        normalize_obs: bool = False,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r} is unknown; use one of {sorted(ACTIVATIONS)}.")
+        if any(int(h) < 1 for h in hidden_sizes):
+            raise ValueError(f"hidden_sizes={tuple(hidden_sizes)} must all be positive integers.")
+        if use_rnn and rnn_size < 1:
+            raise ValueError(f"rnn_size={rnn_size} must be >= 1 when use_rnn=True.")
+        self.layout = obs_layout(obs_space)
+        self.action_spec = ActionSpec.from_space(action_space)
+        self.obs_keys = list(self.layout)
+
+        # A ModuleList in layout order rather than a ModuleDict: Dict keys may hold
+        # characters (".") that module names cannot.
+        encoders = []
+        for key, (shape, dtype) in self.layout.items():
+            space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
+            if dtype == torch.uint8:
+                encoders.append(ConvEncoder(key, shape))
+            elif dtype == torch.int64:
+                encoders.append(DiscreteEncoder(space, hidden_sizes, activation))
+            else:
+                encoders.append(VectorEncoder(shape, hidden_sizes, activation, normalize_obs))
+        self.encoders = nn.ModuleList(encoders)
+        features = sum(e.out_dim for e in encoders)
+
+        self.core = nn.GRUCell(features, rnn_size) if use_rnn else None
+        self.rnn_state_size = rnn_size if use_rnn else 0
+        self.core_size = rnn_size if use_rnn else features
+
+        self.policy_head = nn.Linear(self.core_size, self.action_spec.num_params)
+        self.value_head = nn.Linear(self.core_size, 1)
+        # Box policies: a state-independent log-std, started at 0 (std 1).
+        self.log_std = None
+        if self.action_spec.is_continuous:
+            self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # Orthogonal init keeps activations' scale through depth; the tiny policy-head
+        # gain starts the policy near uniform (or near mean 0) so early exploration
+        # does not depend on the random init. The GRU keeps PyTorch's default init.
+        for module in self.encoders.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.orthogonal_(module.weight, gain=math.sqrt(2.0))
+                nn.init.zeros_(module.bias)
+        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.zeros_(self.policy_head.bias)
+        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+        nn.init.zeros_(self.value_head.bias)
+
+    def _check_inputs(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> None:
+        if obs.keys() != self.layout.keys():
+            raise ValueError(
+                f"Observation dict has keys {sorted(obs)} but the model expects "
+                f"{sorted(self.layout)}; build it with obs_to_tensors / obs_layout."
+            )
+        if rnn_state.dim() != 2 or rnn_state.shape[1] != self.rnn_state_size:
+            raise ValueError(
+                f"rnn_state must be [B, {self.rnn_state_size}] (use torch.zeros(B, "
+                f"model.rnn_state_size)), got {tuple(rnn_state.shape)}."
+            )
+
+    def _encode(self, obs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs {key: [N, *shape]} -> concatenated features [N, F_enc]."""
+        features = [enc(obs[key]) for key, enc in zip(self.obs_keys, self.encoders)]
+        return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
+
+    def _core_step(self, x: torch.Tensor, h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One core step: (features [N, F_enc], state [N, H]) -> (core_out, new state)."""
+        if self.core is None:
+            return x, h
+        h = self.core(x, h)
+        return h, h
+
+    def _distribution(self, core_out: torch.Tensor):
+        return self.action_spec.distribution(self.policy_head(core_out), self.log_std)
+
+    def act(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor, deterministic: bool = False) -> ActOutput:
+        """One inference step for a batch of B envs.
+
+        obs: {key: [B, *shape]} in obs_layout dtypes; rnn_state: [B, rnn_state_size]
+        (the caller zeroes the rows of envs that just started an episode). With
+        deterministic=True the action is the distribution's mode. Call under
+        torch.no_grad().
+        """
+        self._check_inputs(obs, rnn_state)
+        core_out, rnn_state = self._core_step(self._encode(obs), rnn_state)
+        dist = self._distribution(core_out)
+        actions = dist.mode() if deterministic else dist.sample()
+        values = self.value_head(core_out).squeeze(-1)
+        return ActOutput(actions, dist.log_prob(actions), values, rnn_state)
+
+    def evaluate(
+        self,
+        obs_seq: Dict[str, torch.Tensor],
+        rnn_state0: torch.Tensor,
+        episode_start: torch.Tensor,
+        actions: torch.Tensor,
+    ) -> EvalOutput:
+        """Re-run the policy over a trajectory batch for the loss.
+
+        obs_seq: {key: [T+1, B, *shape]}, T transitions plus the bootstrap obs.
+        rnn_state0: [B, H], the state before step 0.
+        episode_start: [T+1, B], 1 (or True) where an episode begins; the GRU state
+            is zeroed before processing that step.
+        actions: [T, B, action_dim] taken at the first T steps.
+        """
+        self._check_inputs(obs_seq, rnn_state0)
+        if episode_start.dim() != 2:
+            raise ValueError(f"episode_start must be [T+1, B], got {tuple(episode_start.shape)}.")
+        steps, batch = episode_start.shape
+        horizon = steps - 1
+        expected = (horizon, batch, self.action_spec.action_dim)
+        if tuple(actions.shape) != expected or rnn_state0.shape[0] != batch:
+            raise ValueError(
+                f"With episode_start of shape {(steps, batch)}, actions must be {expected} "
+                f"and rnn_state0 [{batch}, {self.rnn_state_size}]; got {tuple(actions.shape)} "
+                f"and {tuple(rnn_state0.shape)}."
+            )
+
+        # Encoders always run on the whole [(T+1)*B] batch: they hold almost all the
+        # compute, and only the GRU's time dependency needs a loop.
+        x = self._encode({key: value.flatten(0, 1) for key, value in obs_seq.items()})
+        if self.core is None:
+            core_flat = x
+            rnn_states = x.new_zeros(steps, batch, 0)
+        else:
+            xs = x.view(steps, batch, -1)
+            keep = (1.0 - episode_start.to(x.dtype)).unsqueeze(-1)
+            h = rnn_state0
+            outputs, states = [], []
+            for t in range(steps):
+                states.append(h)
+                h = self.core(xs[t], h * keep[t])
+                outputs.append(h)
+            core_flat = torch.stack(outputs).flatten(0, 1)
+            rnn_states = torch.stack(states)
+
+        values = self.value_head(core_flat).view(steps, batch)
+        # Rows are time-major, so the first T*B rows are the T acting steps; the
+        # bootstrap step needs only its value.
+        dist = self._distribution(core_flat[: horizon * batch])
+        flat_actions = actions.reshape(horizon * batch, -1)
+        logp = dist.log_prob(flat_actions).view(horizon, batch)
+        entropy = dist.entropy().view(horizon, batch)
+        return EvalOutput(logp, entropy, values, core_flat.view(steps, batch, -1), rnn_states)
+
+    def values_with_state(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> torch.Tensor:
+        """Values [N] of extra observations {key: [N, *shape]} given their states [N, H].
+
+        For time-limit-truncated episodes the learner passes the final observation
+        with the matching row of EvalOutput.rnn_states.
+        """
+        self._check_inputs(obs, rnn_state)
+        core_out, _ = self._core_step(self._encode(obs), rnn_state)
+        return self.value_head(core_out).squeeze(-1)
+
+    def update_normalizer(self, obs: Dict[str, torch.Tensor]) -> None:
+        """Fold a batch {key: [..., *shape]} into the running observation statistics.
+
+        Only vector keys are normalised; a model built without normalize_obs (or with
+        no vector key) ignores the call, so the learner can call it unconditionally.
+        """
+        for key, encoder in zip(self.obs_keys, self.encoders):
+            if isinstance(encoder, VectorEncoder) and encoder.norm is not None:
+                if key not in obs:
+                    raise ValueError(f"update_normalizer needs observation key '{key}', got {sorted(obs)}.")
+                encoder.norm.update(obs[key])
+
+
+def _float_tensors(model: nn.Module) -> List[torch.Tensor]:
+    # state_dict order is registration order: identical for two models built from the
+    # same config, which is all the flat layout relies on. Integer buffers (none
+    # here today) would not survive a float32 round trip, so they are left out.
+    return [t for t in model.state_dict().values() if t.is_floating_point()]
+
+
+def flat_state_size(model: nn.Module) -> int:
+    """Number of float32 values `flat_state(model)` returns."""
+    return sum(t.numel() for t in _float_tensors(model))
+
+
+def flat_state(model: nn.Module) -> torch.Tensor:
+    """All parameters and float buffers as one 1-D float32 tensor, in a fixed order."""
+    return torch.cat([t.reshape(-1).to(torch.float32) for t in _float_tensors(model)])
+
+
+@torch.no_grad()
+def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
+    """Copy a `flat_state` vector (from a model of the same config) into `model`."""
+    tensors = _float_tensors(model)
+    size = sum(t.numel() for t in tensors)
+    if flat.dim() != 1 or flat.numel() != size:
+        raise ValueError(
+            f"load_flat_state got a tensor of shape {tuple(flat.shape)} but this model needs "
+            f"a 1-D tensor of {size} values; build both models with the same config."
+        )
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n

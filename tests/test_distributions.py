@@ -1,0 +1,141 @@
+"""ActionSpec and its distributions against torch.distributions references."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical, Normal
+
+from fastrl.distributions import ActionSpec
+
+B = 64
+
+CATEGORICAL_SPACES = {
+    "discrete": gym.spaces.Discrete(5, start=2),
+    "multi_discrete_unequal": gym.spaces.MultiDiscrete([3, 3, 2, 5, 3]),
+    "multi_discrete_equal": gym.spaces.MultiDiscrete([4, 4, 4]),
+    "multi_discrete_2d": gym.spaces.MultiDiscrete([[2, 3], [3, 2]], start=[[1, 0], [0, -1]]),
+    "tuple": gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Discrete(3, start=-1)]),
+}
+BOX_SPACES = {
+    "box": gym.spaces.Box(-1.0, 2.0, (3,), np.float32),
+    "box_2d": gym.spaces.Box(-0.5, 0.5, (2, 2), np.float64),
+}
+
+
+def _sizes(space):
+    if isinstance(space, gym.spaces.Discrete):
+        return [int(space.n)]
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return [int(n) for n in space.nvec.reshape(-1)]
+    return [int(s.n) for s in space.spaces]
+
+
+def _reference_categoricals(space, logits):
+    return [Categorical(logits=chunk) for chunk in logits.split(_sizes(space), dim=-1)]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("name", sorted(CATEGORICAL_SPACES))
+def test_categorical_matches_reference(name):
+    space = CATEGORICAL_SPACES[name]
+    spec = ActionSpec.from_space(space)
+    assert spec.num_params == sum(_sizes(space))
+    assert spec.action_dim == len(_sizes(space))
+    assert spec.dtype == torch.int64 and not spec.is_continuous
+
+    logits = torch.randn(B, spec.num_params) * 2
+    dist = spec.distribution(logits)
+    refs = _reference_categoricals(space, logits)
+    actions = dist.sample()
+    assert actions.shape == (B, spec.action_dim) and actions.dtype == torch.int64
+    for col, n in enumerate(_sizes(space)):
+        assert 0 <= actions[:, col].min() and actions[:, col].max() < n
+
+    ref_logp = sum(r.log_prob(actions[:, i]) for i, r in enumerate(refs))
+    ref_entropy = sum(r.entropy() for r in refs)
+    torch.testing.assert_close(dist.log_prob(actions), ref_logp)
+    torch.testing.assert_close(dist.entropy(), ref_entropy)
+    assert dist.log_prob(actions).shape == (B,) and dist.entropy().shape == (B,)
+
+    mode = dist.mode()
+    expected_mode = torch.stack([chunk.argmax(-1) for chunk in logits.split(_sizes(space), -1)], 1)
+    assert torch.equal(mode, expected_mode)
+
+    for row in actions.numpy():
+        assert space.contains(spec.to_env(row)), (name, row, spec.to_env(row))
+
+
+def test_categorical_sampling_follows_probabilities():
+    spec = ActionSpec.from_space(gym.spaces.MultiDiscrete([2, 3]))
+    probs = torch.tensor([[0.9, 0.1, 0.2, 0.3, 0.5]])
+    logits = torch.cat([probs[:, :2].log(), probs[:, 2:].log()], 1).expand(20000, 5)
+    actions = spec.distribution(logits).sample()
+    freq0 = torch.bincount(actions[:, 0], minlength=2).float() / 20000
+    freq1 = torch.bincount(actions[:, 1], minlength=3).float() / 20000
+    torch.testing.assert_close(freq0, probs[0, :2], atol=0.015, rtol=0)
+    torch.testing.assert_close(freq1, probs[0, 2:], atol=0.015, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(BOX_SPACES))
+def test_gaussian_matches_reference(name):
+    space = BOX_SPACES[name]
+    spec = ActionSpec.from_space(space)
+    dim = int(np.prod(space.shape))
+    assert spec.num_params == spec.action_dim == dim
+    assert spec.dtype == torch.float32 and spec.is_continuous
+
+    mean = torch.randn(B, dim)
+    log_std = torch.linspace(-1.0, 0.5, dim, requires_grad=True)
+    dist = spec.distribution(mean, log_std)
+    ref = Normal(mean, log_std.exp())
+    actions = dist.sample()
+    assert actions.shape == (B, dim) and actions.dtype == torch.float32
+    torch.testing.assert_close(dist.log_prob(actions), ref.log_prob(actions).sum(-1))
+    torch.testing.assert_close(dist.entropy(), ref.entropy().sum(-1))
+    assert torch.equal(dist.mode(), mean)
+
+    dist.log_prob(actions).sum().backward()
+    assert log_std.grad is not None and torch.all(log_std.grad != 0)
+
+    far = actions * 10  # to_env must clip whatever the Gaussian produced
+    for row in far.numpy():
+        env_action = spec.to_env(row)
+        assert env_action.dtype == np.float32 and space.contains(env_action)
+
+
+def test_to_env_types():
+    assert type(ActionSpec.from_space(gym.spaces.Discrete(3, start=1)).to_env(np.array([2]))) is int
+    assert ActionSpec.from_space(gym.spaces.Discrete(3, start=1)).to_env(np.array([2])) == 3
+    multi = ActionSpec.from_space(gym.spaces.MultiDiscrete([3, 4])).to_env(np.array([1, 3]))
+    assert multi.dtype == np.int64 and multi.tolist() == [1, 3]
+    tup = ActionSpec.from_space(gym.spaces.Tuple([gym.spaces.Discrete(2)] * 2)).to_env(np.array([1, 0]))
+    assert tup == (1, 0) and all(type(a) is int for a in tup)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.MultiBinary(3),
+        gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Box(0, 1, (1,))]),
+        gym.spaces.Dict({"a": gym.spaces.Discrete(2)}),
+    ],
+)
+def test_unsupported_space_names_supported_ones(space):
+    with pytest.raises(ValueError, match="Discrete, MultiDiscrete, Tuple of Discrete, Box"):
+        ActionSpec.from_space(space)
+
+
+def test_bad_params_shape_and_log_std_misuse():
+    discrete = ActionSpec.from_space(gym.spaces.Discrete(4))
+    with pytest.raises(ValueError, match=r"\[B, 4\]"):
+        discrete.distribution(torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="no log-std"):
+        discrete.distribution(torch.zeros(2, 4), torch.zeros(1))
+    box = ActionSpec.from_space(gym.spaces.Box(-1, 1, (2,)))
+    with pytest.raises(ValueError, match="log-std of shape"):
+        box.distribution(torch.zeros(2, 2))

@@ -1,0 +1,214 @@
+"""ActorCritic shapes, learner/inference consistency, flat state and normalisation."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fastrl.model import (
+    ActorCritic,
+    flat_state,
+    flat_state_size,
+    load_flat_state,
+    obs_layout,
+    obs_to_tensors,
+)
+
+IMAGE = gym.spaces.Box(0, 255, (3, 72, 128), np.uint8)
+VECTOR = gym.spaces.Box(-2.0, 2.0, (6,), np.float32)
+OBS_SPACES = {
+    "vector": VECTOR,
+    "image": IMAGE,
+    "dict": gym.spaces.Dict({"image": IMAGE, "measurements": gym.spaces.Box(-1, 1, (4,), np.float32)}),
+    "discrete": gym.spaces.Discrete(7, start=-3),
+}
+ACTION_SPACES = {
+    "vector": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+    "image": gym.spaces.Discrete(4),
+    "dict": gym.spaces.MultiDiscrete([3, 3, 2]),
+    "discrete": gym.spaces.Discrete(3),
+}
+T, B, H = 4, 3, 16
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+
+def _batch(space, lead):
+    """Random observations {key: [*lead, *shape]} in the layout dtypes."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for key, (shape, dtype) in obs_layout(space).items():
+        if dtype == torch.uint8:
+            out[key] = torch.from_numpy(rng.integers(0, 256, (*lead, *shape), dtype=np.uint8))
+        elif dtype == torch.int64:
+            sub = space[key] if isinstance(space, gym.spaces.Dict) else space
+            out[key] = torch.from_numpy(rng.integers(sub.start, sub.start + sub.n, lead))
+        else:
+            out[key] = torch.from_numpy(rng.normal(size=(*lead, *shape)).astype(np.float32))
+    return out
+
+
+def _model(name, use_rnn, **kwargs):
+    return ActorCritic(OBS_SPACES[name], ACTION_SPACES[name], use_rnn=use_rnn, rnn_size=H, **kwargs)
+
+
+@pytest.mark.parametrize("use_rnn", [False, True])
+@pytest.mark.parametrize("name", sorted(OBS_SPACES))
+def test_act_and_evaluate_shapes(name, use_rnn):
+    model = _model(name, use_rnn)
+    spec = model.action_spec
+    hidden = H if use_rnn else 0
+    assert model.rnn_state_size == hidden
+
+    with torch.no_grad():
+        out = model.act(_batch(OBS_SPACES[name], (B,)), torch.zeros(B, hidden))
+    assert out.actions.shape == (B, spec.action_dim) and out.actions.dtype == spec.dtype
+    assert out.logp.shape == out.values.shape == (B,)
+    assert out.rnn_state.shape == (B, hidden)
+
+    actions = torch.stack([out.actions] * T)
+    episode_start = torch.zeros(T + 1, B)
+    ev = model.evaluate(_batch(OBS_SPACES[name], (T + 1, B)), torch.zeros(B, hidden), episode_start, actions)
+    assert ev.logp.shape == ev.entropy.shape == (T, B)
+    assert ev.values.shape == (T + 1, B)
+    assert ev.core_out.shape == (T + 1, B, model.core_size)
+    assert ev.rnn_states.shape == (T + 1, B, hidden)
+    (ev.logp.sum() + ev.values.sum() + ev.entropy.sum()).backward()
+    assert model.policy_head.weight.grad is not None
+
+
+@pytest.mark.parametrize("use_rnn", [False, True])
+@pytest.mark.parametrize("name", ["vector", "dict"])
+def test_evaluate_equals_stepwise_act(name, use_rnn):
+    """The learner's unroll must reproduce what inference computed step by step."""
+    model = _model(name, use_rnn)
+    hidden = model.rnn_state_size
+    obs = _batch(OBS_SPACES[name], (T + 1, B))
+    episode_start = torch.zeros(T + 1, B)
+    episode_start[0, 0] = episode_start[2, 1] = episode_start[3, 0] = 1
+    h0 = torch.randn(B, hidden)
+
+    h, actions, logps, values, states = h0, [], [], [], []
+    with torch.no_grad():
+        for t in range(T + 1):
+            states.append(h)
+            h = h * (1 - episode_start[t]).unsqueeze(-1)  # what the rollout worker does on reset
+            out = model.act({k: v[t] for k, v in obs.items()}, h)
+            h = out.rnn_state
+            actions.append(out.actions)
+            logps.append(out.logp)
+            values.append(out.values)
+        ev = model.evaluate(obs, h0, episode_start, torch.stack(actions[:T]))
+
+        torch.testing.assert_close(ev.logp, torch.stack(logps[:T]))
+        torch.testing.assert_close(ev.values, torch.stack(values))
+        torch.testing.assert_close(ev.rnn_states, torch.stack(states))
+
+        # The truncation bootstrap: the final obs of an episode that ended at step t is
+        # evaluated with rnn_states[t + 1], the state right after step t.
+        extra = {k: v[1] for k, v in obs.items()}
+        v_extra = model.values_with_state(extra, ev.rnn_states[2])
+        h_after_1 = model.act(extra, ev.rnn_states[2]).values
+        torch.testing.assert_close(v_extra, h_after_1)
+        if use_rnn:
+            torch.testing.assert_close(ev.rnn_states[2], ev.core_out[1])
+
+
+def test_flat_state_round_trip():
+    source = _model("dict", True, normalize_obs=True)
+    target = _model("dict", True, normalize_obs=True)
+    obs = _batch(OBS_SPACES["dict"], (B,))
+    source.update_normalizer(_batch(OBS_SPACES["dict"], (T, B)))
+    h = torch.randn(B, H)
+
+    flat = flat_state(source)
+    assert flat.dim() == 1 and flat.dtype == torch.float32 and flat.numel() == flat_state_size(source)
+    with torch.no_grad():
+        before = target.act(obs, h, deterministic=True)
+        load_flat_state(target, flat)
+        after = target.act(obs, h, deterministic=True)
+        expected = source.act(obs, h, deterministic=True)
+    assert not torch.allclose(before.values, expected.values)
+    for got, want in zip(after, expected):
+        assert torch.equal(got, want)
+    assert torch.equal(flat_state(target), flat)
+
+    with pytest.raises(ValueError, match="same config"):
+        load_flat_state(_model("vector", False), flat)
+
+
+def test_normalizer_statistics_outputs_and_flat_state():
+    model = _model("vector", False, normalize_obs=True)
+    norm = model.encoders[0].norm
+    obs = _batch(VECTOR, (B,))
+    with torch.no_grad():
+        before = model.act(obs, torch.zeros(B, 0), deterministic=True).values
+    flat_before = flat_state(model)
+
+    data = torch.randn(3, 50, 6, dtype=torch.float64) * torch.arange(1, 7) + 5.0
+    for chunk in data:  # incremental updates equal the statistics of all data at once
+        model.update_normalizer({"obs": chunk.float()})
+    all_data = data.reshape(-1, 6)
+    torch.testing.assert_close(norm.mean, all_data.mean(0).float())
+    torch.testing.assert_close(norm.var, all_data.var(0, unbiased=False).float())
+    assert norm.count.item() == 150
+
+    with torch.no_grad():
+        after = model.act(obs, torch.zeros(B, 0), deterministic=True).values
+        clipped = norm(torch.full((1, 6), 1e6))
+    assert not torch.allclose(before, after)
+    assert torch.all(clipped == 10.0)
+    assert not torch.equal(flat_state(model), flat_before)
+
+    fresh = _model("vector", False, normalize_obs=True)
+    load_flat_state(fresh, flat_state(model))
+    torch.testing.assert_close(fresh.encoders[0].norm.mean, norm.mean)
+
+    unnormalized = _model("vector", False)
+    unnormalized.update_normalizer({"obs": data[0].float()})  # a no-op by design
+    assert flat_state_size(unnormalized) == flat_state_size(model) - (6 + 6 + 1)
+
+
+def test_obs_layout_and_conversion():
+    space = gym.spaces.Dict(
+        {"image": IMAGE, "vec": gym.spaces.Box(-1, 1, (2, 3), np.float64), "d": gym.spaces.Discrete(5)}
+    )
+    layout = obs_layout(space)
+    assert layout == {
+        "d": ((), torch.int64),
+        "image": ((3, 72, 128), torch.uint8),
+        "vec": ((2, 3), torch.float32),
+    }
+    raw = {"image": IMAGE.sample()[:, ::-1], "vec": np.ones((2, 3)), "d": np.int64(4)}
+    tensors = obs_to_tensors(raw, space)
+    for key, (shape, dtype) in layout.items():
+        assert tensors[key].shape == shape and tensors[key].dtype == dtype
+    assert np.array_equal(tensors["image"].numpy(), raw["image"])
+    assert tensors["d"].item() == 4
+    assert obs_layout(gym.spaces.Discrete(3)) == {"obs": ((), torch.int64)}
+    assert obs_to_tensors(2, gym.spaces.Discrete(3))["obs"].dtype == torch.int64
+
+
+def test_channel_last_image_is_rejected_with_fix():
+    with pytest.raises(ValueError, match=r"channel-last.*transpose"):
+        obs_layout(gym.spaces.Box(0, 255, (72, 128, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"channel-last.*transpose"):
+        ActorCritic(gym.spaces.Dict({"img": gym.spaces.Box(0, 255, (84, 84, 1), np.uint8)}), gym.spaces.Discrete(2))
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="too small"):
+        ActorCritic(gym.spaces.Box(0, 255, (3, 20, 20), np.uint8), gym.spaces.Discrete(2))
+    with pytest.raises(ValueError, match="activation"):
+        ActorCritic(VECTOR, gym.spaces.Discrete(2), activation="gelu")
+    with pytest.raises(ValueError, match="unsupported space"):
+        obs_layout(gym.spaces.MultiBinary(4))
+    model = _model("vector", True)
+    with pytest.raises(ValueError, match="expects"):
+        model.act({"wrong": torch.zeros(B, 6)}, torch.zeros(B, H))
+    with pytest.raises(ValueError, match=r"rnn_state must be \[B, 16\]"):
+        model.act(_batch(VECTOR, (B,)), torch.zeros(B, 0))
