@@ -1,0 +1,79 @@
+"""Trajectory buffers: preallocated shared-memory tensors that rollout workers
+write into and the learner reads from. Only buffer indices cross the queues.
+
+One buffer holds one env split's trajectory: `rollout` steps of `envs_per_split`
+envs, plus the observation after the last step for bootstrapping. Keeping a
+whole split per buffer makes every write a vectorised row write and every queue
+message one integer per `rollout x envs_per_split` samples.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class TrajectoryBuffers:
+    """Shared tensors indexed [buffer, t, env, ...].
+
+    obs[k]            [N, T+1, n, *shape]  observation seen before step t (t=T: bootstrap obs)
+    episode_start     [N, T+1, n]          obs[t] is the first of an episode (GRU resets there)
+    actions           [N, T, n, A]         action taken at t
+    behaviour_logp    [N, T, n]            its log-prob under the policy that chose it
+    policy_version    [N, T, n]            learner version of that policy (for the lag)
+    rewards           [N, T, n]
+    terminated        [N, T, n]            the episode really ended after step t
+    truncated         [N, T, n]            a time limit cut it after step t
+    final_obs[k]      [N, T, n, *shape]    on truncation, the last obs, whose value bootstraps
+    rnn_state0        [N, n, H]            GRU state before obs[0] (H = 0 without a GRU)
+    """
+
+    def __init__(self, num_buffers: int, rollout: int, envs_per_split: int, obs_layout: dict,
+                 action_dim: int, action_dtype: torch.dtype, rnn_size: int):
+        N, T, n = num_buffers, rollout, envs_per_split
+        self.num_buffers, self.rollout, self.envs_per_split = N, T, n
+
+        def shared(shape, dtype):
+            return torch.zeros(shape, dtype=dtype).share_memory_()
+
+        self.obs = {k: shared((N, T + 1, n, *shape), dtype) for k, (shape, dtype) in obs_layout.items()}
+        # Truncations are rare (once per time-limited episode), so this mostly
+        # idle copy of the obs is the price of an exact bootstrap; the learner
+        # reads only the rows flagged truncated.
+        self.final_obs = {k: shared((N, T, n, *shape), dtype) for k, (shape, dtype) in obs_layout.items()}
+        self.episode_start = shared((N, T + 1, n), torch.bool)
+        self.actions = shared((N, T, n, action_dim), action_dtype)
+        self.behaviour_logp = shared((N, T, n), torch.float32)
+        self.policy_version = shared((N, T, n), torch.int64)
+        self.rewards = shared((N, T, n), torch.float32)
+        self.terminated = shared((N, T, n), torch.bool)
+        self.truncated = shared((N, T, n), torch.bool)
+        self.rnn_state0 = shared((N, n, rnn_size), torch.float32)
+
+    def nbytes(self) -> int:
+        tensors = [*self.obs.values(), *self.final_obs.values(), self.episode_start, self.actions,
+                   self.behaviour_logp, self.policy_version, self.rewards, self.terminated,
+                   self.truncated, self.rnn_state0]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def gather(self, indices: list) -> dict:
+        """Copy the given buffers out into one time-major batch [T(+1), len*n, ...]
+        so that the buffers can be freed at once and the learner trains on its copy."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            x = t.index_select(0, idx)  # [k, T, n, ...] (a copy)
+            x = x.transpose(0, 1)  # [T, k, n, ...]
+            return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+        rnn0 = self.rnn_state0.index_select(0, idx)  # [k, n, H]
+        return {
+            "obs": {k: take(v) for k, v in self.obs.items()},
+            "final_obs": {k: take(v) for k, v in self.final_obs.items()},
+            "episode_start": take(self.episode_start),
+            "actions": take(self.actions),
+            "behaviour_logp": take(self.behaviour_logp),
+            "policy_version": take(self.policy_version),
+            "rewards": take(self.rewards),
+            "terminated": take(self.terminated),
+            "truncated": take(self.truncated),
+            "rnn_state0": rnn0.flatten(0, 1),
+        }

@@ -1,0 +1,131 @@
+"""One env split inside a rollout worker: steps its envs with given actions,
+writes every transition straight into a trajectory buffer, handles episode
+ends (autoreset, truncation bootstrap obs, episode stats) and env failures."""
+from __future__ import annotations
+
+import math
+import traceback
+
+import numpy as np
+
+
+class EnvFailedError(RuntimeError):
+    """An env kept raising; the message names it and carries its traceback."""
+
+
+class SplitEnvs:
+    """The envs of one split and their per-episode bookkeeping.
+
+    The writes go through numpy views of the shared tensors: one row write
+    per env per step, where torch indexing would cost several microseconds each
+    and dominate cheap envs such as CartPole.
+    """
+
+    def __init__(self, spec, env_options: dict, seeds: list, np_views: dict, action_spec,
+                 max_consecutive_failures: int = 3):
+        self._spec = spec
+        self._options = env_options
+        self._seeds = list(seeds)
+        self._v = np_views
+        self._action_spec = action_spec
+        self._max_failures = max_consecutive_failures
+        self.n = len(seeds)
+        self.envs = [self._make(i) for i in range(self.n)]
+        self.episode_return = np.zeros(self.n)
+        self.episode_length = np.zeros(self.n, dtype=np.int64)
+        self._last_obs = [None] * self.n
+        self._failures = [0] * self.n
+        self._resets = [0] * self.n
+        self.finished = []  # (return, length, true_objective) of episodes ended since last drained
+        self.restarts = 0
+
+    def _make(self, i: int):
+        return self._spec.make(seed=self._seeds[i], **self._options)
+
+    def _next_seed(self, i: int) -> int:
+        # Every episode gets its own seed derived from the env's: reproducible, never repeated.
+        self._resets[i] += 1
+        return self._seeds[i] * 1000 + self._resets[i]
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+    def _write_obs(self, views: dict, index: tuple, obs) -> None:
+        if len(views) == 1 and "obs" in views:
+            views["obs"][index] = obs
+        else:
+            for key, view in views.items():
+                view[index] = obs[key]
+
+    def reset_all(self, buf: int, t: int) -> None:
+        """Reset every env and write the first observations at [buf, t]."""
+        for i in range(self.n):
+            obs = self._reset_env(i)
+            self._write_obs(self._v["obs"], (buf, t, i), obs)
+            self._v["episode_start"][buf, t, i] = True
+
+    def _reset_env(self, i: int):
+        while True:
+            try:
+                obs, _ = self.envs[i].reset(seed=self._next_seed(i))
+                self._failures[i] = 0
+                self._last_obs[i] = obs
+                return obs
+            except Exception:
+                self._recreate(i, traceback.format_exc())
+
+    def _recreate(self, i: int, tb: str) -> None:
+        self._failures[i] += 1
+        self.restarts += 1
+        if self._failures[i] >= self._max_failures:
+            raise EnvFailedError(
+                f"env {i} of this worker ({self._spec.name}) failed {self._failures[i]} times in a row; "
+                f"its last error was:\n{tb}"
+            )
+        try:
+            self.envs[i].close()
+        except Exception:
+            pass
+        self.envs[i] = self._make(i)
+
+    def step(self, buf: int, t: int) -> None:
+        """Step every env with the actions at [buf, t]; write rewards, episode
+        ends and the next observations at [buf, t+1]."""
+        v = self._v
+        actions = v["actions"][buf, t]
+        rewards, terminated, truncated = v["rewards"][buf, t], v["terminated"][buf, t], v["truncated"][buf, t]
+        starts = v["episode_start"][buf, t + 1]
+        to_env = self._action_spec.to_env
+        for i in range(self.n):
+            try:
+                obs, r, term, trunc, info = self.envs[i].step(to_env(actions[i]))
+            except Exception:
+                # The episode is cut where the env died: bootstrap from the last good obs.
+                self._recreate(i, traceback.format_exc())
+                obs, r, term, trunc, info = self._last_obs[i], 0.0, False, True, {}
+            self.episode_length[i] += 1
+            self.episode_return[i] += r
+            rewards[i] = r
+            terminated[i] = term
+            truncated[i] = trunc and not term
+            if term or trunc:
+                if not term:
+                    self._write_obs(v["final_obs"], (buf, t, i), obs)
+                objective = info.get("true_objective", math.nan)
+                self.finished.append((float(self.episode_return[i]), int(self.episode_length[i]), float(objective)))
+                self.episode_return[i] = 0.0
+                self.episode_length[i] = 0
+                obs = self._reset_env(i)
+                starts[i] = True
+            else:
+                starts[i] = False
+                self._last_obs[i] = obs
+            self._write_obs(v["obs"], (buf, t + 1, i), obs)
+
+    def drain_finished(self) -> list:
+        done, self.finished = self.finished, []
+        return done

@@ -1,0 +1,63 @@
+"""Acting with the newest published policy: a model copy that reloads only
+when the learner's version moved, and writes its outputs into the trajectory
+buffers. Used by policy workers (batched over many workers' splits) and by
+rollout workers with `--inference local` (on their own envs)."""
+from __future__ import annotations
+
+import torch
+
+from fastrl.model import ActorCritic, load_flat_state
+
+
+def build_model(cfg, obs_space, action_space) -> ActorCritic:
+    return ActorCritic(
+        obs_space,
+        action_space,
+        hidden_sizes=cfg.hidden_size_tuple,
+        use_rnn=cfg.use_rnn,
+        rnn_size=cfg.rnn_size,
+        activation=cfg.activation,
+        normalize_obs=cfg.normalize_obs,
+        separate_critic=cfg.separate_critic,
+    )
+
+
+class PolicyCopy:
+    """A read-only copy of the learner's model on `device`."""
+
+    def __init__(self, cfg, ctx, row, device: str = "cpu"):
+        self.ctx, self.row = ctx, row
+        self.device = torch.device(device)
+        self.model = build_model(cfg, ctx.obs_space, ctx.action_space).to(self.device)
+        self.model.eval()
+        self.rnn_size = self.model.rnn_state_size
+        self._flat = torch.zeros_like(ctx.params.flat)
+        self.version = -1
+        self.refresh()
+
+    def refresh(self) -> None:
+        version = self.ctx.params.read_if_newer(self.version, self._flat)
+        if version != self.version:
+            load_flat_state(self.model, self._flat.to(self.device))
+            self.version = version
+            self.row.add("policy_reloads", 1)
+
+    @torch.no_grad()
+    def act(self, obs: dict, rnn_state: torch.Tensor):
+        self.refresh()
+        out = self.model.act({k: v.to(self.device) for k, v in obs.items()}, rnn_state.to(self.device))
+        self.row.add("inference_batches", 1)
+        self.row.add("inference_samples", out.actions.shape[0])
+        return out
+
+
+class LocalPolicy(PolicyCopy):
+    """Inference inside a rollout worker, on one split at a time."""
+
+    def act_into(self, buf: int, t: int, rnn_state: torch.Tensor) -> torch.Tensor:
+        b = self.ctx.buffers
+        out = self.act({k: v[buf, t] for k, v in b.obs.items()}, rnn_state)
+        b.actions[buf, t] = out.actions
+        b.behaviour_logp[buf, t] = out.logp
+        b.policy_version[buf, t] = self.version
+        return out.rnn_state

@@ -1,0 +1,218 @@
+"""Learner process: takes full trajectories off the queue, copies a batch out of
+shared memory (freeing those buffers at once), trains on it with the APPO loss,
+and publishes the new parameters with a version. Owns the checkpoints."""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+from fastrl.appo_loss import appo_loss
+from fastrl.checkpoint import load_checkpoint, save_checkpoint
+from fastrl.inference import build_model
+from fastrl.model import flat_state, load_flat_state
+from fastrl.stats_board import Timer
+
+QUEUE_TIMEOUT_S = 0.1
+METRICS_EVERY_S = 1.0
+MAX_NONFINITE_IN_A_ROW = 20
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def checkpoint_dir(cfg) -> str:
+    return os.path.join(cfg.experiment_dir, "checkpoints")
+
+
+class Learner:
+    def __init__(self, cfg, ctx, device: str, resume_path: str | None, frames_offset: int):
+        self.cfg, self.ctx = cfg, ctx
+        self.device = torch.device(device)
+        self.row = ctx.board.row("learner")
+        self.timer = Timer(self.row)
+        self.frames_offset = frames_offset
+        self.model = build_model(cfg, ctx.obs_space, ctx.action_space)
+        # Start from exactly the weights the runner published, which the actors already use.
+        load_flat_state(self.model, ctx.params.flat.clone())
+        self.model.to(self.device).train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.version = ctx.params.version
+        self.samples_trained = 0
+        if resume_path:
+            state = load_checkpoint(resume_path)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.samples_trained = int(state.get("samples_trained", 0))
+            if "torch_rng" in state:
+                torch.set_rng_state(state["torch_rng"])
+        self.row.set("learner_steps", self.version)
+        self._nonfinite_in_a_row = 0
+        self._last_metrics = 0.0
+        self._metrics = {}
+
+    # -- loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        pending: list = []
+        last_checkpoint = time.time()
+        try:
+            while not ctx.stop.is_set():
+                self.row.beat()
+                with self.timer("wait_s"):
+                    try:
+                        pending += ctx.traj_queue.get_many(
+                            block=True, timeout=QUEUE_TIMEOUT_S,
+                            max_messages_to_get=cfg.buffers_per_batch - len(pending))
+                    except Exception:  # faster_fifo.Empty
+                        continue
+                if len(pending) < cfg.buffers_per_batch:
+                    continue
+                with self.timer("comm_s"):
+                    batch = ctx.buffers.gather(pending)
+                    ctx.free_queue.put_many(pending, block=True, timeout=10.0)
+                    pending = []
+                self.row.add("samples_received", cfg.batch_size)
+                with self.timer("busy_s"):
+                    self.train_on(batch)
+                if time.time() - last_checkpoint >= cfg.checkpoint_every_seconds:
+                    self.save()
+                    last_checkpoint = time.time()
+        finally:
+            if self._params_finite():
+                self.save()
+
+    def _params_finite(self) -> bool:
+        return all(torch.isfinite(p).all() for p in self.model.parameters())
+
+    # -- one batch ----------------------------------------------------------------------
+    def train_on(self, batch: dict) -> None:
+        cfg, dev = self.cfg, self.device
+        batch = _to_device(batch, dev)
+        lag = (self.version - batch["policy_version"]).float()
+        valid = (lag <= cfg.max_policy_lag).float()
+        self._record_lag(lag, valid)
+        if cfg.normalize_obs:
+            self.model.update_normalizer({k: v[:-1].flatten(0, 1) for k, v in batch["obs"].items()})
+
+        B = batch["rewards"].shape[1]
+        mb = B // cfg.num_minibatches
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(B, device=dev) if cfg.num_minibatches > 1 else torch.arange(B, device=dev)
+            for start in range(0, B, mb):
+                cols = order[start:start + mb]
+                self._gradient_step(_columns(batch, cols), valid[:, cols])
+        self.samples_trained += int(valid.sum().item())
+        self.row.add("samples_trained", valid.sum().item())
+        self.version += 1
+        self.row.set("learner_steps", self.version)
+        self.ctx.params.publish(flat_state(self.model).cpu(), self.version)
+
+    def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
+        cfg = self.cfg
+        ev = self.model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
+        v_final = self._final_values(mb, ev)
+        out = appo_loss(
+            logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
+            r_t=mb["rewards"], terminated_t=mb["terminated"].float(), truncated_t=mb["truncated"].float(),
+            v_final_t=v_final, entropy_t=ev.entropy, valid_t=valid,
+            gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
+            value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        out.total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+        if not (torch.isfinite(out.total) and torch.isfinite(grad_norm)):
+            self._skip_nonfinite()
+            return
+        self._nonfinite_in_a_row = 0
+        self.optimizer.step()
+        self._note_metrics(out, grad_norm)
+
+    @torch.no_grad()
+    def _final_values(self, mb: dict, ev) -> torch.Tensor:
+        """Value of the last obs of each time-limit-truncated episode (zeros
+        elsewhere), under the current params: the bootstrap a cut episode is owed."""
+        truncated = mb["truncated"]
+        v_final = torch.zeros_like(mb["rewards"])
+        if not truncated.any():
+            return v_final
+        t_idx, b_idx = truncated.nonzero(as_tuple=True)
+        obs = {k: v[t_idx, b_idx] for k, v in mb["final_obs"].items()}
+        # The GRU state carried out of step t, before the reset the next episode applies.
+        rnn = ev.rnn_states[t_idx + 1, b_idx]
+        v_final[t_idx, b_idx] = self.model.values_with_state(obs, rnn)
+        return v_final
+
+    def _skip_nonfinite(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.row.add("nonfinite_skips", 1)
+        self._nonfinite_in_a_row += 1
+        if self._nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+            raise NonFiniteLossError(
+                f"the loss or its gradient was not finite in {self._nonfinite_in_a_row} updates in a row; "
+                "lower --lr or --max_grad_norm, or check the env's rewards and observations for inf/nan")
+
+    def _record_lag(self, lag: torch.Tensor, valid: torch.Tensor) -> None:
+        lag_np = lag.flatten().cpu().numpy()
+        self.row.set("lag_min", float(lag_np.min()))
+        self.row.set("lag_mean", float(lag_np.mean()))
+        self.row.set("lag_max", float(lag_np.max()))
+        self.row.set("lag_p90", float(np.percentile(lag_np, 90)))
+        self.row.add("samples_dropped", float((1.0 - valid).sum()))
+
+    def _note_metrics(self, out, grad_norm) -> None:
+        now = time.time()
+        if now - self._last_metrics < METRICS_EVERY_S:
+            return
+        self._last_metrics = now
+        metrics = {k: float(v) for k, v in out._asdict().items() if k != "total"} if hasattr(out, "_asdict") else {}
+        metrics.update(loss=out.total.item(), grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
+                       learner_steps=self.version)
+        try:
+            self.ctx.metrics_queue.put(metrics, block=False)
+        except Exception:
+            pass  # metrics are a report, never a reason to stall training
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self) -> str:
+        frames = int(self.ctx.board.total("env_frames", "rollout_")) + self.frames_offset
+        state = {
+            "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "env_frames": frames,
+            "samples_trained": self.samples_trained,
+            "env": self.cfg.env,
+            "config": self.cfg.to_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        return save_checkpoint(checkpoint_dir(self.cfg), state, self.version, self.cfg.keep_checkpoints)
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    if device.type == "cpu":
+        return batch
+    return {k: ({kk: vv.to(device, non_blocking=True) for kk, vv in v.items()} if isinstance(v, dict)
+                else v.to(device, non_blocking=True)) for k, v in batch.items()}
+
+
+def _columns(batch: dict, cols: torch.Tensor) -> dict:
+    """The same env columns of every time-major tensor (rnn_state0 is [B, H])."""
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, dict):
+            out[k] = {kk: vv.index_select(1, cols) for kk, vv in v.items()}
+        elif k == "rnn_state0":
+            out[k] = v.index_select(0, cols)
+        else:
+            out[k] = v.index_select(1, cols)
+    return out
+
+
+def learner_main(cfg, ctx, device: str, resume_path, frames_offset: int) -> None:
+    Learner(cfg, ctx, device, resume_path, frames_offset).run()

@@ -1,0 +1,51 @@
+"""Policy worker process: gathers whatever action requests are waiting, runs one
+batched forward over their observations (read in place from the trajectory
+buffers), writes actions back, and tells each rollout worker its split is ready."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from fastrl.inference import PolicyCopy
+from fastrl.stats_board import Timer
+
+QUEUE_TIMEOUT_S = 0.1
+
+
+def policy_worker_main(cfg, index: int, ctx, device: str) -> None:
+    row = ctx.board.row(f"policy_{index}")
+    timer = Timer(row)
+    policy = PolicyCopy(cfg, ctx, row, device)
+    b = ctx.buffers
+    n = cfg.envs_per_split
+    wait_s = cfg.inference_batch_wait_ms / 1000.0
+    while not ctx.stop.is_set():
+        row.beat()
+        with timer("wait_s"):
+            try:
+                requests = ctx.request_queue.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
+            except Exception:  # faster_fifo.Empty
+                continue
+            if wait_s > 0:
+                # A short wait buys a bigger batch: worth it when a forward's fixed cost
+                # (a GPU launch) dominates, wasted on a CPU where cost grows with batch.
+                time.sleep(wait_s)
+                try:
+                    requests += ctx.request_queue.get_many(block=False)
+                except Exception:
+                    pass
+        with timer("comm_s"):
+            obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}
+            rnn = torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests])
+        with timer("busy_s"):
+            out = policy.act(obs, rnn)
+        with timer("comm_s"):
+            actions, logp, rnn_out = out.actions.cpu(), out.logp.cpu(), out.rnn_state.cpu()
+            for i, (w, s, buf, t) in enumerate(requests):
+                rows = slice(i * n, (i + 1) * n)
+                b.actions[buf, t] = actions[rows]
+                b.behaviour_logp[buf, t] = logp[rows]
+                b.policy_version[buf, t] = policy.version
+                ctx.rnn_states[w][s] = rnn_out[rows]
+                ctx.response_queues[w].put(s, block=True, timeout=10.0)

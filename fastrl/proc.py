@@ -1,0 +1,73 @@
+"""What every fastrl child process does first and last: name itself, bound its
+threads, die with its parent, and report its own death with a traceback."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import traceback
+
+_PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(Exception):
+    """Raised inside a child when it is told to stop by a signal."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(f"signal {signum}")
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies, so that a
+    SIGKILL'd runner never leaves workers (and their Doom games) behind. A no-op
+    elsewhere: there the runner's own shutdown path is the only guard."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
+def init_child(name: str, torch_threads: int) -> None:
+    """Call first thing in every spawned child.
+
+    Ctrl-C reaches every process of the terminal's group at once; children
+    ignore it and let the runner order the shutdown, so that the learner can
+    still write its final checkpoint. SIGTERM (from the runner, or from the
+    parent-death signal) unwinds the child through its finally blocks.
+    """
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"fastrl: {name}")
+    except ImportError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    set_parent_death_signal(signal.SIGTERM)
+    import torch
+
+    torch.set_num_threads(torch_threads)
+    torch.set_num_interop_threads(1)
+
+
+def run_child(name: str, torch_threads: int, error_queue, target, *args) -> None:
+    """Entry point of every child: run `target(*args)`, and if it raises, send
+    (name, traceback) to the runner and exit non-zero."""
+    init_child(name, torch_threads)
+    try:
+        target(*args)
+    except Interrupted:
+        pass
+    except BaseException:  # report everything, including SystemExit from deep inside an env
+        try:
+            error_queue.put((name, traceback.format_exc()), block=True, timeout=1.0)
+        except Exception:
+            print(f"fastrl: {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -1,0 +1,178 @@
+"""Rollout worker process: steps its envs and writes trajectories into shared
+memory. With `--inference local` it also runs the policy on its own envs;
+with `--inference policy_worker` it asks the policy workers for actions and
+steps its other env split while they compute (double buffering)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from envs.registry import get_spec
+from fastrl.env_runner import SplitEnvs
+from fastrl.inference import LocalPolicy
+from fastrl.stats_board import Timer
+
+QUEUE_TIMEOUT_S = 0.1  # how often a blocked loop looks at the stop flag
+EPISODE_FLUSH_S = 0.5
+
+
+def env_options(cfg) -> dict:
+    options = {}
+    if cfg.doom_scenario:
+        options["doom_scenario"] = cfg.doom_scenario
+    if cfg.doom_measurements:
+        options["doom_measurements"] = True
+    return options
+
+
+class RolloutWorker:
+    def __init__(self, cfg, index: int, ctx):
+        self.cfg, self.index, self.ctx = cfg, index, ctx
+        self.row = ctx.board.row(f"rollout_{index}")
+        self.timer = Timer(self.row)
+        self.spec = get_spec(cfg.env)
+        self.frameskip = self.spec.frameskip
+        self.T = cfg.rollout
+        b = ctx.buffers
+        self.views = {
+            "obs": {k: t.numpy() for k, t in b.obs.items()},
+            "final_obs": {k: t.numpy() for k, t in b.final_obs.items()},
+            "episode_start": b.episode_start.numpy(),
+            "actions": b.actions.numpy(),
+            "rewards": b.rewards.numpy(),
+            "terminated": b.terminated.numpy(),
+            "truncated": b.truncated.numpy(),
+        }
+        n = cfg.envs_per_split
+        self.splits = []
+        for s in range(cfg.num_splits):
+            first = (index * cfg.num_envs_per_worker + s * n)
+            seeds = [cfg.seed * 100_000 + first + i for i in range(n)]
+            self.splits.append(SplitEnvs(self.spec, env_options(cfg), seeds, self.views, ctx.action_spec))
+        self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
+        self.t = [0] * cfg.num_splits  # step within it
+        self._last_flush = time.time()
+
+    # -- trajectory bookkeeping -----------------------------------------------------
+    def _take_free_buffer(self) -> int | None:
+        """Block until the learner frees a buffer: this is where production is
+        throttled (never dropped) when the learner falls behind."""
+        with self.timer("wait_s"):
+            while not self.ctx.stop.is_set():
+                try:
+                    return self.ctx.free_queue.get(block=True, timeout=QUEUE_TIMEOUT_S)
+                except Exception:  # faster_fifo.Empty
+                    self.row.beat()
+        return None
+
+    def _advance(self, s: int, rnn_state: torch.Tensor) -> bool:
+        """Move split s one step on; at the trajectory's end hand it to the learner
+        and continue in a fresh buffer. False when told to stop."""
+        self.t[s] += 1
+        if self.t[s] < self.T:
+            return True
+        b, old = self.ctx.buffers, self.buf[s]
+        with self.timer("comm_s"):
+            self.ctx.traj_queue.put(old, block=True, timeout=10.0)
+        new = self._take_free_buffer()
+        if new is None:
+            return False
+        with self.timer("comm_s"):
+            for k in b.obs:
+                b.obs[k][new, 0] = b.obs[k][old, self.T]
+            b.episode_start[new, 0] = b.episode_start[old, self.T]
+            b.rnn_state0[new] = rnn_state * ~b.episode_start[old, self.T, :, None]
+        self.buf[s], self.t[s] = new, 0
+        return True
+
+    def _step_envs(self, s: int) -> None:
+        split = self.splits[s]
+        with self.timer("busy_s"):
+            split.step(self.buf[s], self.t[s])
+        self.row.add("env_steps", split.n)
+        self.row.add("env_frames", split.n * self.frameskip)
+        self.row.set("env_restarts", sum(sp.restarts for sp in self.splits))
+
+    def _flush_episodes(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self._last_flush < EPISODE_FLUSH_S:
+            return
+        self._last_flush = now
+        self.row.beat()
+        done = [ep for split in self.splits for ep in split.drain_finished()]
+        if done:
+            try:
+                self.ctx.episode_queue.put(done, block=False)
+            except Exception:
+                pass  # the runner is behind on reading; stats are not worth blocking sampling for
+
+    def _start_splits(self) -> bool:
+        for s, split in enumerate(self.splits):
+            buf = self._take_free_buffer()
+            if buf is None:
+                return False
+            self.buf[s], self.t[s] = buf, 0
+            with self.timer("busy_s"):
+                split.reset_all(buf, 0)
+            self.ctx.buffers.rnn_state0[buf] = 0.0
+        return True
+
+    # -- main loops -----------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            if not self._start_splits():
+                return
+            if self.cfg.inference == "local":
+                self._run_local()
+            else:
+                self._run_with_policy_workers()
+        finally:
+            self._flush_episodes(force=True)
+            for split in self.splits:
+                split.close()
+
+    def _run_local(self) -> None:
+        policy = LocalPolicy(self.cfg, self.ctx, self.row)
+        b = self.ctx.buffers
+        rnn = [torch.zeros(self.cfg.envs_per_split, policy.rnn_size) for _ in self.splits]
+        while not self.ctx.stop.is_set():
+            for s in range(len(self.splits)):
+                buf, t = self.buf[s], self.t[s]
+                with self.timer("busy_s"):
+                    rnn[s] = policy.act_into(buf, t, rnn[s] * ~b.episode_start[buf, t, :, None])
+                self._step_envs(s)
+                if not self._advance(s, rnn[s]):
+                    return
+            self._flush_episodes()
+
+    def _run_with_policy_workers(self) -> None:
+        ctx, w = self.ctx, self.index
+        responses = ctx.response_queues[w]
+        rnn_states = ctx.rnn_states[w]  # [splits, n, H], read and written by the policy workers
+
+        def request(s: int) -> None:
+            buf, t = self.buf[s], self.t[s]
+            rnn_states[s] *= ~ctx.buffers.episode_start[buf, t, :, None]  # new episodes start from zero
+            with self.timer("comm_s"):
+                ctx.request_queue.put((w, s, buf, t), block=True, timeout=10.0)
+
+        for s in range(len(self.splits)):
+            request(s)
+        while not ctx.stop.is_set():
+            with self.timer("wait_s"):
+                try:
+                    ready = responses.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
+                except Exception:  # faster_fifo.Empty
+                    self.row.beat()
+                    continue
+            for s in ready:
+                self._step_envs(s)
+                if not self._advance(s, rnn_states[s]):
+                    return
+                request(s)
+            self._flush_episodes()
+
+
+def rollout_worker_main(cfg, index: int, ctx) -> None:
+    RolloutWorker(cfg, index, ctx).run()

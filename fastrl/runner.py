@@ -1,0 +1,333 @@
+"""The runner: checks the configuration, builds the shared memory and queues,
+starts the learner, policy workers and rollout workers, watches them, reports,
+decides when to stop, and shuts everything down cleanly on every path."""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import faster_fifo
+import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
+import torch
+import torch.multiprocessing as tmp
+
+from envs.registry import UnknownEnvError, get_spec
+from fastrl.buffers import TrajectoryBuffers
+from fastrl.checkpoint import load_latest_checkpoint
+from fastrl.config import Config, ConfigError, save_config, validate
+from fastrl.distributions import ActionSpec
+from fastrl.inference import build_model
+from fastrl.learner import checkpoint_dir, learner_main
+from fastrl.model import flat_state, flat_state_size, obs_layout
+from fastrl.monitor import Monitor, scalars_from
+from fastrl.params import SharedParams
+from fastrl.policy_worker import policy_worker_main
+from fastrl.proc import run_child
+from fastrl.rollout_worker import env_options, rollout_worker_main
+from fastrl.stats_board import StatsBoard
+
+JOIN_TIMEOUT_S = 10.0
+LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
+POLL_S = 0.05
+
+
+class StopRequested(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class SharedContext:
+    """Everything a child process receives: spaces, shared tensors, queues, flags."""
+    obs_space: Any
+    action_space: Any
+    action_spec: Any
+    buffers: TrajectoryBuffers
+    params: SharedParams
+    board: StatsBoard
+    stop: Any
+    free_queue: Any
+    traj_queue: Any
+    episode_queue: Any
+    metrics_queue: Any
+    request_queue: Any
+    response_queues: list
+    rnn_states: list
+
+
+def resolve_device(cfg: Config) -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def probe_spaces(cfg: Config, spec):
+    """Open one env in this process just long enough to read its spaces."""
+    env = spec.make(seed=cfg.seed, **env_options(cfg))
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def prepare_experiment(cfg: Config):
+    """Everything that can refuse the run, done before any process starts.
+    Returns (spec, obs_space, action_space, model, checkpoint_state, checkpoint_path)."""
+    validate(cfg)
+    try:
+        spec = get_spec(cfg.env)
+    except UnknownEnvError as err:
+        raise ConfigError(str(err)) from None
+    if cfg.restart and os.path.isdir(checkpoint_dir(cfg)):
+        shutil.rmtree(checkpoint_dir(cfg))
+    state, path = (None, None) if cfg.restart else load_latest_checkpoint(checkpoint_dir(cfg))
+    if state is not None and state.get("env") != cfg.env:
+        raise ConfigError(
+            f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
+            "pass --restart to start over or choose another --experiment.")
+    obs_space, action_space = probe_spaces(cfg, spec)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, obs_space, action_space)
+    if state is not None:
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, KeyError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise ConfigError(
+                f"The checkpoint {path} does not fit this model ({first}); use the same model options "
+                "as when it was trained, or pass --restart to start over.") from None
+    return spec, obs_space, action_space, model, state, path
+
+
+class Runner:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.spec, self.obs_space, self.action_space, model, state, self.resume_path = prepare_experiment(cfg)
+        os.makedirs(cfg.experiment_dir, exist_ok=True)
+        save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
+        self.device = resolve_device(cfg)
+        self.version0 = int(state["version"]) if state else 0
+        self.frames_offset = int(state.get("env_frames", 0)) if state else 0
+        self.mp = tmp.get_context("spawn")
+        self.ctx = self._build_context(model)
+        self.processes: list = []
+        self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
+        self.returns100 = collections.deque(maxlen=100)
+        self.objectives100 = collections.deque(maxlen=100)
+        self.episodes = 0
+        self.reached_reward_at: Optional[float] = None
+        self.metrics: dict = {}
+
+    def _build_context(self, model) -> SharedContext:
+        cfg = self.cfg
+        action_spec = ActionSpec.from_space(self.action_space)
+        buffers = TrajectoryBuffers(cfg.total_buffers, cfg.rollout, cfg.envs_per_split, obs_layout(self.obs_space),
+                                    action_spec.action_dim, action_spec.dtype, model.rnn_state_size)
+        params = SharedParams(flat_state_size(model), self.mp.Lock())
+        params.publish(flat_state(model), self.version0)
+        rows = ["runner", "learner"] + [f"policy_{i}" for i in range(self._num_policy_workers())] \
+            + [f"rollout_{i}" for i in range(cfg.num_workers)]
+        free_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
+        free_queue.put_many(list(range(cfg.total_buffers)))
+        return SharedContext(
+            obs_space=self.obs_space, action_space=self.action_space, action_spec=action_spec,
+            buffers=buffers, params=params, board=StatsBoard(rows), stop=self.mp.Event(),
+            free_queue=free_queue,
+            traj_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
+            episode_queue=faster_fifo.Queue(max_size_bytes=5_000_000),
+            metrics_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
+            request_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
+            response_queues=[faster_fifo.Queue(max_size_bytes=100_000) for _ in range(cfg.num_workers)],
+            rnn_states=[torch.zeros(cfg.num_splits, cfg.envs_per_split, model.rnn_state_size).share_memory_()
+                        for _ in range(cfg.num_workers)] if cfg.inference == "policy_worker" else [],
+        )
+
+    def _num_policy_workers(self) -> int:
+        return self.cfg.num_policy_workers if self.cfg.inference == "policy_worker" else 0
+
+    # -- processes ----------------------------------------------------------------------
+    def _spawn(self, name: str, target, *args):
+        p = self.mp.Process(target=run_child, name=name,
+                            args=(name, self.cfg.torch_threads, self.error_queue, target, *args), daemon=False)
+        p.start()
+        self.processes.append(p)
+        return p
+
+    def start(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset)
+        for i in range(self._num_policy_workers()):
+            self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
+        for i in range(cfg.num_workers):
+            self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
+
+    def stop_children(self) -> list:
+        """Ask everyone to stop, wait, then escalate. Returns names that had to be killed."""
+        self.ctx.stop.set()
+        deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if p.name == "learner" else JOIN_TIMEOUT_S)
+                    for p in self.processes}
+        for p in self.processes:
+            p.join(max(0.0, deadline[p] - time.time()))
+        killed = []
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()  # SIGTERM: the child unwinds through its finally blocks and closes its envs
+                p.join(3.0)
+            if p.is_alive():
+                p.kill()
+                p.join(3.0)
+                killed.append(p.name)
+        return killed
+
+    # -- watching -----------------------------------------------------------------------
+    def env_frames(self) -> int:
+        return int(self.ctx.board.total("env_frames", "rollout_"))
+
+    def _drain(self, start: float) -> None:
+        while True:
+            try:
+                batches = self.ctx.episode_queue.get_many(block=False)
+            except Exception:
+                break
+            for batch in batches:
+                for ret, _length, objective in batch:
+                    self.returns100.append(ret)
+                    if not math.isnan(objective):
+                        self.objectives100.append(objective)
+                    self.episodes += 1
+        if (self.reached_reward_at is None and self.cfg.stop_at_reward is not None
+                and len(self.returns100) == self.returns100.maxlen and self.mean_return() >= self.cfg.stop_at_reward):
+            self.reached_reward_at = time.time() - start
+        try:
+            for m in self.ctx.metrics_queue.get_many(block=False):
+                self.metrics.update(m)
+        except Exception:
+            pass
+
+    def mean_return(self) -> float:
+        return sum(self.returns100) / len(self.returns100) if self.returns100 else float("nan")
+
+    def _check_children(self) -> Optional[str]:
+        try:
+            name, tb = self.error_queue.get(block=False)
+            return f"{name} failed:\n{tb}"
+        except Exception:
+            pass
+        for p in self.processes:
+            if not p.is_alive():
+                time.sleep(0.2)  # its traceback may still be on its way
+                try:
+                    name, tb = self.error_queue.get(block=False)
+                    return f"{name} failed:\n{tb}"
+                except Exception:
+                    return f"{p.name} (pid {p.pid}) died with exit code {p.exitcode} and left no traceback."
+        return None
+
+    def _should_stop(self, elapsed: float) -> Optional[str]:
+        cfg = self.cfg
+        if cfg.train_for_env_frames and self.env_frames() + self.frames_offset >= cfg.train_for_env_frames:
+            return f"reached {cfg.train_for_env_frames:,} env frames"
+        if cfg.train_for_seconds and elapsed >= cfg.train_for_seconds:
+            return f"trained for {cfg.train_for_seconds:g} s"
+        if self.reached_reward_at is not None:
+            return f"mean return of the last 100 episodes reached {cfg.stop_at_reward:g}"
+        return None
+
+    def status_line(self, elapsed: float, window: tuple) -> str:
+        (t0, frames0, trained0), now = window, (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
+        dt = max(now[0] - t0, 1e-9)
+        b = self.ctx.board
+        lag = f"{b.get('learner', 'lag_min'):.0f}/{b.get('learner', 'lag_mean'):.1f}/{b.get('learner', 'lag_max'):.0f}"
+        line = (f"[{elapsed:7.1f}s] frames {now[1] + self.frames_offset:,} | {(now[1] - frames0) / dt:,.0f} fps (env frames/s)"
+                f" | trained {(now[2] - trained0) / dt:,.0f} samples/s | lag min/mean/max {lag}"
+                f" | return(100) {self.mean_return():.2f} | episodes {self.episodes:,}")
+        if self.objectives100:
+            line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
+        return line
+
+    def run(self) -> int:
+        cfg = self.cfg
+        monitor = Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset)  # before the clock: W&B takes seconds
+        start = time.time()
+        exit_code, reason = 0, None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, frame):
+            raise StopRequested(signum)
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            self.start()
+            print(f"fastrl: training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs, "
+                  f"inference {cfg.inference} on {self.device}; experiment in {cfg.experiment_dir}", flush=True)
+            window = (0.0, 0, 0.0)
+            last_status = 0.0
+            while True:
+                time.sleep(POLL_S)
+                elapsed = time.time() - start
+                self._drain(start)
+                failure = self._check_children()
+                if failure:
+                    print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
+                    exit_code, reason = 1, failure.splitlines()[0]
+                    break
+                reason = self._should_stop(elapsed)
+                if reason or elapsed - last_status >= cfg.status_every_seconds:
+                    line = self.status_line(elapsed, window)
+                    print(line, flush=True)
+                    monitor.log(self.env_frames() + self.frames_offset, elapsed, scalars_from(
+                        board=self.ctx.board, metrics=self.metrics, returns=self.returns100,
+                        objectives=self.objectives100, episodes=self.episodes, elapsed=elapsed, window=window), status=line)
+                    window = (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
+                    last_status = elapsed
+                if reason:
+                    break
+        except (StopRequested, KeyboardInterrupt) as stop:
+            signum = getattr(stop, "signum", signal.SIGINT)
+            reason = f"stopped by {signal.Signals(signum).name}"
+            exit_code = 128 + int(signum)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            killed = self.stop_children()
+            self._drain(start)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            monitor.close(exit_code)
+        wall = time.time() - start
+        self.write_summary(wall)
+        print(f"fastrl: {reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
+              f" ({self.env_frames() / wall:,.0f} fps), mean return(100) {self.mean_return():.2f}", flush=True)
+        if killed:
+            print(f"fastrl: had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
+        return exit_code
+
+    def write_summary(self, wall: float) -> None:
+        summary = {
+            "env": self.cfg.env,
+            "env_frames": self.env_frames() + self.frames_offset,
+            "env_frames_this_run": self.env_frames(),
+            "wall_seconds": wall,
+            "fps": self.env_frames() / wall if wall > 0 else 0.0,
+            "mean_return_100": self.mean_return() if self.returns100 else None,
+            "mean_objective_100": sum(self.objectives100) / len(self.objectives100) if self.objectives100 else None,
+            "episodes": self.episodes,
+            "reached_reward_at_seconds": self.reached_reward_at,
+            "samples_trained": self.ctx.board.get("learner", "samples_trained"),
+            "samples_dropped": self.ctx.board.get("learner", "samples_dropped"),
+            "learner_steps": self.ctx.board.get("learner", "learner_steps"),
+        }
+        path = os.path.join(self.cfg.experiment_dir, "summary.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(summary, fh, indent=2)
+        os.replace(path + ".tmp", path)

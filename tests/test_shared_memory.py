@@ -1,0 +1,74 @@
+"""Shared buffers, parameters and the stats board really cross spawned processes."""
+import torch
+import torch.multiprocessing as tmp
+
+from fastrl.buffers import TrajectoryBuffers
+from fastrl.params import SharedParams
+from fastrl.stats_board import StatsBoard
+
+LAYOUT = {"obs": ((3, 4, 5), torch.uint8), "measurements": ((2,), torch.float32)}
+
+
+def _make_buffers(n=3):
+    return TrajectoryBuffers(num_buffers=n, rollout=4, envs_per_split=2, obs_layout=LAYOUT,
+                             action_dim=2, action_dtype=torch.int64, rnn_size=3)
+
+
+def _child_writes(buffers, params, board, buf):
+    # Written through numpy views, as the rollout worker does.
+    buffers.obs["obs"].numpy()[buf, 2, 1] = 7
+    buffers.obs["measurements"][buf, 4] = torch.tensor([1.5, -2.0])
+    buffers.actions[buf, 3, 0] = torch.tensor([4, 5])
+    buffers.truncated.numpy()[buf, 1, 1] = True
+    buffers.rnn_state0[buf] = 0.25
+    flat = torch.empty_like(params.flat)
+    version = params.read_if_newer(-1, flat)
+    buffers.rewards[buf, 0, 0] = float(flat.sum()) + version
+    row = board.row("rollout_0")
+    row.add("env_frames", 123)
+    row.beat()
+
+
+def test_buffers_params_and_board_round_trip_through_a_spawned_process():
+    ctx = tmp.get_context("spawn")
+    buffers = _make_buffers()
+    params = SharedParams(5, ctx.Lock())
+    params.publish(torch.arange(5, dtype=torch.float32), version=9)
+    board = StatsBoard(["runner", "rollout_0"])
+    p = ctx.Process(target=_child_writes, args=(buffers, params, board, 1))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+
+    assert int(buffers.obs["obs"][1, 2, 1].sum()) == 7 * 60
+    assert buffers.obs["obs"][0].sum() == 0 and buffers.obs["obs"][2].sum() == 0
+    assert buffers.obs["measurements"][1, 4, 0].tolist() == [1.5, -2.0]
+    assert buffers.actions[1, 3, 0].tolist() == [4, 5]
+    assert buffers.truncated[1, 1, 1] and buffers.truncated.sum() == 1
+    assert torch.all(buffers.rnn_state0[1] == 0.25)
+    assert buffers.rewards[1, 0, 0] == 10 + 9  # the child saw the published params and version
+    assert board.total("env_frames", "rollout_") == 123
+    assert board.get("rollout_0", "heartbeat") > 0
+
+
+def test_gather_makes_a_time_major_copy():
+    buffers = _make_buffers(n=4)
+    for b in range(4):
+        buffers.rewards[b] = b * 100 + torch.arange(4).view(4, 1) * 10 + torch.arange(2)
+        buffers.rnn_state0[b] = b
+    batch = buffers.gather([3, 1])
+    # columns: buffer 3's envs then buffer 1's; rows: time
+    assert batch["rewards"].shape == (4, 4)
+    assert batch["rewards"][2].tolist() == [320, 321, 120, 121]
+    assert batch["obs"]["obs"].shape == (5, 4, 3, 4, 5)
+    assert batch["rnn_state0"][:, 0].tolist() == [3, 3, 1, 1]
+    batch["rewards"].zero_()
+    assert buffers.rewards[3, 2, 0] == 320  # a copy: freeing the buffer cannot change the batch
+
+
+def test_params_reader_skips_the_copy_when_the_version_did_not_move():
+    params = SharedParams(3, tmp.get_context("spawn").Lock())
+    params.publish(torch.ones(3), version=4)
+    out = torch.zeros(3)
+    assert params.read_if_newer(4, out) == 4 and out.sum() == 0
+    assert params.read_if_newer(3, out) == 4 and out.sum() == 3
