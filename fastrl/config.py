@@ -51,7 +51,7 @@ class Config:
     rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.")
     batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split.")
     ppo_epochs: int = _opt(1, "Passes over each batch.")
-    num_minibatches: int = _opt(1, "Gradient steps per pass; the batch's trajectories are split evenly among them.")
+    num_minibatches: int = _opt(1, "Gradient steps per pass; the batch's env trajectories are split evenly among them.")
     lr: float = _opt(3e-4, "Adam learning rate.")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
     gamma: float = _opt(0.99, "Discount factor.")
@@ -70,6 +70,8 @@ class Config:
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation of vector observations inside the model.")
+    separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
+                                 "costs a second encoder pass, so image models may prefer false.")
 
     # --- env options --------------------------------------------------------------------
     doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
@@ -79,6 +81,13 @@ class Config:
     train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.")
     train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time; 0 = no limit.")
     stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.")
+
+    # --- monitoring -----------------------------------------------------------------------
+    with_wandb: bool = _opt(False, "Also log to Weights & Biases (TensorBoard files are always written under <experiment>/tb).")
+    wandb_project: str = _opt("fastrl", "W&B project to log into.")
+    wandb_entity: str = _opt("", "W&B user or team that owns the project (empty = your default entity).")
+    wandb_group: str = _opt("", "W&B group, to show several runs of one study together (empty = none).")
+    wandb_tags: str = _opt("", "W&B tags, comma separated, like cartpole,baseline.")
 
     # --- bookkeeping ----------------------------------------------------------------------
     checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
@@ -157,10 +166,11 @@ def validate(cfg: Config) -> None:
             f"--batch_size {cfg.batch_size} is not a multiple of rollout x envs per split = "
             f"{cfg.rollout} x {cfg.envs_per_split} = {per_buffer}; use {lower} or {lower + per_buffer}."
         )
-    if cfg.buffers_per_batch % cfg.num_minibatches:
+    columns = cfg.batch_size // cfg.rollout  # env trajectories in a batch; minibatches split them
+    if columns % cfg.num_minibatches:
         raise ConfigError(
-            f"--num_minibatches {cfg.num_minibatches} must divide the {cfg.buffers_per_batch} trajectory groups of a batch "
-            f"(batch_size / (rollout x envs per split)); pick a divisor of {cfg.buffers_per_batch}."
+            f"--num_minibatches {cfg.num_minibatches} must divide the {columns} trajectories of a batch "
+            f"(batch_size / rollout); pick a divisor of {columns}."
         )
     if cfg.num_buffers and cfg.num_buffers < cfg.num_workers * cfg.num_splits + cfg.buffers_per_batch:
         need = cfg.num_workers * cfg.num_splits + cfg.buffers_per_batch

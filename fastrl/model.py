@@ -235,6 +235,11 @@ class ActorCritic(nn.Module):
         normalize_obs: keep running statistics of vector observations and feed the
             clipped z-scores to the MLP; the learner updates them via
             `update_normalizer`.
+        separate_critic: give the value head its own feed-forward encoders instead of
+            sharing the policy's encoders and core. Sharing halves the compute (what
+            image models want); separate weights keep the value loss, whose scale
+            grows with the returns, from pulling on the policy's features (what small
+            vector-observation models learn faster with).
 
     Attributes used by callers: `layout` (obs_layout of obs_space), `action_spec`,
     `rnn_state_size` (0 without an RNN), `core_size` (width of core_out).
@@ -249,6 +254,7 @@ class ActorCritic(nn.Module):
         rnn_size: int = 512,
         activation: str = "tanh",
         normalize_obs: bool = False,
+        separate_critic: bool = False,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -261,6 +267,25 @@ class ActorCritic(nn.Module):
         self.action_spec = ActionSpec.from_space(action_space)
         self.obs_keys = list(self.layout)
 
+        self.encoders = self._build_encoders(obs_space, hidden_sizes, activation, normalize_obs)
+        features = sum(e.out_dim for e in self.encoders)
+        self.critic_encoders = (self._build_encoders(obs_space, hidden_sizes, activation, normalize_obs)
+                                if separate_critic else None)
+
+        self.core = nn.GRUCell(features, rnn_size) if use_rnn else None
+        self.rnn_state_size = rnn_size if use_rnn else 0
+        self.core_size = rnn_size if use_rnn else features
+
+        self.policy_head = nn.Linear(self.core_size, self.action_spec.num_params)
+        critic_features = sum(e.out_dim for e in self.critic_encoders) if separate_critic else self.core_size
+        self.value_head = nn.Linear(critic_features, 1)
+        # Box policies: a state-independent log-std, started at 0 (std 1).
+        self.log_std = None
+        if self.action_spec.is_continuous:
+            self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
+        self._init_weights()
+
+    def _build_encoders(self, obs_space, hidden_sizes, activation, normalize_obs) -> nn.ModuleList:
         # A ModuleList in layout order rather than a ModuleDict: Dict keys may hold
         # characters (".") that module names cannot.
         encoders = []
@@ -272,26 +297,16 @@ class ActorCritic(nn.Module):
                 encoders.append(DiscreteEncoder(space, hidden_sizes, activation))
             else:
                 encoders.append(VectorEncoder(shape, hidden_sizes, activation, normalize_obs))
-        self.encoders = nn.ModuleList(encoders)
-        features = sum(e.out_dim for e in encoders)
-
-        self.core = nn.GRUCell(features, rnn_size) if use_rnn else None
-        self.rnn_state_size = rnn_size if use_rnn else 0
-        self.core_size = rnn_size if use_rnn else features
-
-        self.policy_head = nn.Linear(self.core_size, self.action_spec.num_params)
-        self.value_head = nn.Linear(self.core_size, 1)
-        # Box policies: a state-independent log-std, started at 0 (std 1).
-        self.log_std = None
-        if self.action_spec.is_continuous:
-            self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
-        self._init_weights()
+        return nn.ModuleList(encoders)
 
     def _init_weights(self) -> None:
         # Orthogonal init keeps activations' scale through depth; the tiny policy-head
         # gain starts the policy near uniform (or near mean 0) so early exploration
         # does not depend on the random init. The GRU keeps PyTorch's default init.
-        for module in self.encoders.modules():
+        encoder_modules = list(self.encoders.modules())
+        if self.critic_encoders is not None:
+            encoder_modules += list(self.critic_encoders.modules())
+        for module in encoder_modules:
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(module.weight, gain=math.sqrt(2.0))
                 nn.init.zeros_(module.bias)
@@ -312,10 +327,17 @@ class ActorCritic(nn.Module):
                 f"model.rnn_state_size)), got {tuple(rnn_state.shape)}."
             )
 
-    def _encode(self, obs: Dict[str, torch.Tensor]) -> torch.Tensor:
+    def _encode(self, obs: Dict[str, torch.Tensor], encoders=None) -> torch.Tensor:
         """obs {key: [N, *shape]} -> concatenated features [N, F_enc]."""
-        features = [enc(obs[key]) for key, enc in zip(self.obs_keys, self.encoders)]
+        encoders = self.encoders if encoders is None else encoders
+        features = [enc(obs[key]) for key, enc in zip(self.obs_keys, encoders)]
         return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
+
+    def _values(self, obs: Dict[str, torch.Tensor], core_out: torch.Tensor) -> torch.Tensor:
+        """Values [N] from the shared core output, or from the critic's own encoders."""
+        if self.critic_encoders is None:
+            return self.value_head(core_out).squeeze(-1)
+        return self.value_head(self._encode(obs, self.critic_encoders)).squeeze(-1)
 
     def _core_step(self, x: torch.Tensor, h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One core step: (features [N, F_enc], state [N, H]) -> (core_out, new state)."""
@@ -339,7 +361,7 @@ class ActorCritic(nn.Module):
         core_out, rnn_state = self._core_step(self._encode(obs), rnn_state)
         dist = self._distribution(core_out)
         actions = dist.mode() if deterministic else dist.sample()
-        values = self.value_head(core_out).squeeze(-1)
+        values = self._values(obs, core_out)
         return ActOutput(actions, dist.log_prob(actions), values, rnn_state)
 
     def evaluate(
@@ -372,7 +394,8 @@ class ActorCritic(nn.Module):
 
         # Encoders always run on the whole [(T+1)*B] batch: they hold almost all the
         # compute, and only the GRU's time dependency needs a loop.
-        x = self._encode({key: value.flatten(0, 1) for key, value in obs_seq.items()})
+        obs_flat = {key: value.flatten(0, 1) for key, value in obs_seq.items()}
+        x = self._encode(obs_flat)
         if self.core is None:
             core_flat = x
             rnn_states = x.new_zeros(steps, batch, 0)
@@ -388,7 +411,7 @@ class ActorCritic(nn.Module):
             core_flat = torch.stack(outputs).flatten(0, 1)
             rnn_states = torch.stack(states)
 
-        values = self.value_head(core_flat).view(steps, batch)
+        values = self._values(obs_flat, core_flat).view(steps, batch)
         # Rows are time-major, so the first T*B rows are the T acting steps; the
         # bootstrap step needs only its value.
         dist = self._distribution(core_flat[: horizon * batch])
@@ -404,8 +427,10 @@ class ActorCritic(nn.Module):
         with the matching row of EvalOutput.rnn_states.
         """
         self._check_inputs(obs, rnn_state)
+        if self.critic_encoders is not None:
+            return self._values(obs, None)
         core_out, _ = self._core_step(self._encode(obs), rnn_state)
-        return self.value_head(core_out).squeeze(-1)
+        return self._values(obs, core_out)
 
     def update_normalizer(self, obs: Dict[str, torch.Tensor]) -> None:
         """Fold a batch {key: [..., *shape]} into the running observation statistics.
@@ -413,7 +438,10 @@ class ActorCritic(nn.Module):
         Only vector keys are normalised; a model built without normalize_obs (or with
         no vector key) ignores the call, so the learner can call it unconditionally.
         """
-        for key, encoder in zip(self.obs_keys, self.encoders):
+        encoders = list(zip(self.obs_keys, self.encoders))
+        if self.critic_encoders is not None:
+            encoders += list(zip(self.obs_keys, self.critic_encoders))
+        for key, encoder in encoders:
             if isinstance(encoder, VectorEncoder) and encoder.norm is not None:
                 if key not in obs:
                     raise ValueError(f"update_normalizer needs observation key '{key}', got {sorted(obs)}.")
