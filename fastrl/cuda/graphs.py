@@ -1,0 +1,227 @@
+"""Policy inference replayed from CUDA graphs.
+
+A policy worker's forward pass is a few dozen small kernels on a batch of tens to
+hundreds of rows; on a GPU their launch cost, paid by the Python host, exceeds their
+run time. A CUDA graph records the launches once and replays them with one call.
+
+A graph is frozen in three ways, and each shapes this module:
+
+- Shapes. A graph replays exactly the shapes it captured, so `GraphedPolicy`
+  captures a ladder of batch sizes, pads a batch up to the next one (rows are
+  independent in every layer of the model, so padding rows never touch real ones)
+  and slices the outputs. A batch above the largest size runs eagerly.
+- Addresses. A graph reads its inputs and the model's parameters from the device
+  addresses seen at capture. Inputs are therefore copied into static buffers before
+  each replay. Parameters stay valid across reloads because `load_flat_state`
+  (fastrl/model.py) writes with `copy_` into the tensors `state_dict()` returns,
+  which share storage with the parameters and buffers: same addresses, new values.
+  Anything that swaps tensors instead (`model.to(...)`, assigning `.data`, building
+  a new model) leaves the graph reading the old memory; capture again after it.
+- Host work. Only device work is recorded; an op that reads a value back to the host
+  (`.item()`, `.cpu()`, a data-dependent check) cannot be captured at all. Capture is
+  therefore preceded by one eager run with torch's sync debug mode set to "error",
+  which turns such an op into a clear `GraphCaptureError` instead of a failed or
+  corrupted capture. `make_policy_runner` then falls back to eager inference. In the
+  PyTorch sources checked while writing this, `torch.multinomial` without
+  replacement (the categorical sampler's draw) validates its input with `.item()`,
+  so discrete sampling is refused, while `deterministic=True` and Gaussian sampling
+  capture.
+
+Random numbers: sampling inside a graph draws from the default CUDA generator's
+Philox stream. `torch.cuda.graph` registers that generator with the capture and the
+graph reads seed and offset from device memory that every replay advances, so each
+replay draws fresh numbers and eager code after it does not repeat them. A generator
+other than the default would have to be registered with the graph explicitly; the
+model uses only the default one.
+"""
+
+import bisect
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from fastrl.cuda import cuda_available
+from fastrl.model import ActOutput, ObsLayout
+
+WARMUP_ITERS = 3  # eager runs before capture: cuBLAS/cuDNN handles and workspaces exist by then
+
+
+class GraphCaptureError(RuntimeError):
+    """The model's act() does host work that a CUDA graph cannot record."""
+
+
+class EagerPolicy:
+    """`model.act` without autograd, on inputs moved to the model's device.
+
+    The CPU path, and the fallback whenever graphs are unavailable or refused.
+    """
+
+    def __init__(self, model: nn.Module, device, deterministic: bool = False):
+        self.model, self.device, self.deterministic = model, torch.device(device), deterministic
+
+    @torch.no_grad()
+    def __call__(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> ActOutput:
+        obs = {key: value.to(self.device) for key, value in obs.items()}
+        return self.model.act(obs, rnn_state.to(self.device), deterministic=self.deterministic)
+
+
+class GraphedPolicy:
+    """`model.act` captured in one CUDA graph per padded batch size.
+
+    Args:
+        model: the ActorCritic, already on `device`. Reload parameters only with
+            in-place copies (`load_flat_state`); see the module doc.
+        batch_sizes: batch sizes to capture; a batch of B rows replays the smallest
+            one >= B.
+        obs_layout: {key: (per-sample shape, dtype)}, as `fastrl.model.obs_layout`.
+        rnn_size: width of the recurrent state (0 without an RNN).
+        device: the CUDA device.
+        deterministic: capture the distribution's mode instead of a sample; fixed
+            per instance because it changes the recorded kernels.
+        example_obs: one valid observation {key: per-sample tensor} to fill the
+            static inputs for capture and padding. Zeros are used if omitted, which
+            every layout accepts except a Discrete space that excludes 0 (start > 0).
+
+    Replays are enqueued on the current stream; use one instance from one stream
+    at a time. Outputs are fresh tensors, not views of the graph's static outputs.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch_sizes: Sequence[int],
+        obs_layout: ObsLayout,
+        rnn_size: int,
+        device,
+        deterministic: bool = False,
+        example_obs: Optional[Dict[str, torch.Tensor]] = None,
+    ):
+        if not self.supported():
+            raise RuntimeError("GraphedPolicy needs a CUDA device; use make_policy_runner to fall back.")
+        self.sizes = sorted({int(size) for size in batch_sizes})
+        if not self.sizes or self.sizes[0] < 1:
+            raise ValueError(f"batch_sizes must be positive integers, got {list(batch_sizes)}.")
+        self.device = torch.device(device)
+        self.model, self.deterministic = model, deterministic
+        self._eager = EagerPolicy(model, self.device, deterministic)
+
+        top = self.sizes[-1]
+        self._obs = {}
+        for key, (shape, dtype) in obs_layout.items():
+            static = torch.zeros((top, *shape), dtype=dtype, device=self.device)
+            if example_obs is not None:
+                static.copy_(example_obs[key].expand_as(static))
+            self._obs[key] = static
+        self._rnn = torch.zeros(top, rnn_size, device=self.device)
+        self._graphs: Dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: Dict[int, ActOutput] = {}
+        self._capture()
+
+    @staticmethod
+    def supported() -> bool:
+        """True when CUDA graphs can run here (a CUDA device is present)."""
+        return cuda_available()
+
+    def _act_static(self, size: int) -> ActOutput:
+        obs = {key: static[:size] for key, static in self._obs.items()}
+        return self.model.act(obs, self._rnn[:size], deterministic=self.deterministic)
+
+    @torch.no_grad()
+    def _capture(self) -> None:
+        # Warm-up runs on a side stream, as torch's graph docs advise, so that lazy
+        # initialisation happens outside the capture and off the caller's stream.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for size in self.sizes:
+                for _ in range(WARMUP_ITERS):
+                    self._act_static(size)
+            self._refuse_host_sync()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+        # All graphs share one memory pool, captured largest first so the smaller
+        # ones fit into the blocks it freed. The price: a graph's temporaries may
+        # overlap another graph's static outputs, which is why __call__ copies the
+        # outputs out before the next replay can clobber them.
+        pool = None
+        for size in reversed(self.sizes):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._outputs[size] = self._act_static(size)
+            pool = graph.pool()
+            self._graphs[size] = graph
+
+    def _refuse_host_sync(self) -> None:
+        # Run after the plain warm-up, so a genuine model error has already surfaced
+        # as itself and any error here comes from the sync check.
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            self._act_static(self.sizes[0])
+        except RuntimeError as err:
+            raise GraphCaptureError(
+                f"model.act(deterministic={self.deterministic}) synchronises with the host, "
+                f"which a CUDA graph cannot record ({err})"
+            ) from err
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+    @torch.no_grad()
+    def __call__(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> ActOutput:
+        """Same contract as `model.act(obs, rnn_state, self.deterministic)`."""
+        batch = rnn_state.shape[0]
+        if batch > self.sizes[-1]:
+            return self._eager(obs, rnn_state)
+        if obs.keys() != self._obs.keys():
+            raise ValueError(f"Observation keys {sorted(obs)} differ from the captured {sorted(self._obs)}.")
+        for key, value in obs.items():
+            if value.shape[0] != batch:
+                raise ValueError(f"Observation '{key}' has {value.shape[0]} rows but rnn_state has {batch}.")
+            self._obs[key][:batch].copy_(value)
+        self._rnn[:batch].copy_(rnn_state)
+        size = self.sizes[bisect.bisect_left(self.sizes, batch)]
+        self._graphs[size].replay()
+        return ActOutput(*(out[:batch].clone() for out in self._outputs[size]))
+
+
+def pad_ladder(max_batch: int) -> List[int]:
+    """Powers of two below `max_batch`, then `max_batch`.
+
+    Doubling bounds the padded work at under 2x the real batch while keeping the
+    number of graphs (capture time, graph memory) at log2(max_batch).
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}.")
+    sizes = []
+    size = 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_batch]
+
+
+def make_policy_runner(
+    model: nn.Module,
+    device,
+    max_batch: int,
+    deterministic: bool = False,
+    example_obs: Optional[Dict[str, torch.Tensor]] = None,
+):
+    """A callable (obs, rnn_state) -> ActOutput for inference on `device`.
+
+    On CUDA, a `GraphedPolicy` over `pad_ladder(max_batch)`; if the model's act()
+    cannot be captured, a warning and an `EagerPolicy`. Elsewhere an `EagerPolicy`.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return EagerPolicy(model, device, deterministic)
+    try:
+        return GraphedPolicy(
+            model, pad_ladder(max_batch), model.layout, model.rnn_state_size, device,
+            deterministic=deterministic, example_obs=example_obs,
+        )
+    except GraphCaptureError as err:
+        warnings.warn(f"CUDA-graph inference is off, running eagerly: {err}", RuntimeWarning)
+        return EagerPolicy(model, device, deterministic)
