@@ -1,0 +1,5 @@
+"""Environments fastrl trains on, behind one registry (envs.registry).
+They know nothing of the trainer."""
+from envs.registry import EnvSpec, UnknownEnvError, get_spec, known_env_names
+
+__all__ = ["EnvSpec", "UnknownEnvError", "get_spec", "known_env_names"]

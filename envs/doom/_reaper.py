@@ -1,0 +1,207 @@
+"""The reaper: removes a dead owner's ViZDoom games.
+
+Every Python process that starts Doom games starts one reaper (see engine.py)
+with ``python -I -S _reaper.py OWNER_PID`` and keeps the write end of a pipe to
+its stdin. The owner writes one line per event:
+
+    ?            an init begins (its segments may exist before we know its id)
+    =            that init ended (registered or failed)
+    +ID PID      game ID is running, its engine process is PID
+    -ID          game ID was closed by its owner
+
+The pipe reaches EOF only when the owner is gone (whatever killed it, SIGKILL
+included). The reaper then kills every registered engine still alive, unlinks
+the registered games' /dev/shm segments, and, if an init was under way, also
+the ViZDoom segments created since then that no live process maps. Then it exits.
+
+This file is also imported by engine.py for the /proc and /dev/shm helpers, so
+it must stay free of imports outside the standard library.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
+# A segment's name is one of the prefixes followed by the game's instance id
+# (10 alphanumerics in ViZDoom 1.3.2).
+_SEGMENT_RE = re.compile(r"^(ViZDoomMQCtr|ViZDoomMQDoom|ViZDoomSM)([A-Za-z0-9]+)$")
+
+
+def shm_names(instance_id: str) -> list:
+    return [prefix + instance_id for prefix in SHM_PREFIXES]
+
+
+def parse_segment(name: str):
+    """(prefix, instance_id) for a ViZDoom segment name, else None."""
+    m = _SEGMENT_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def unlink_game_segments(instance_id: str, shm_dir: str = SHM_DIR) -> list:
+    removed = []
+    for name in shm_names(instance_id):
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    """True if the process (or thread id) exists and is not a zombie."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            data = f.read()
+    except (OSError, ValueError):
+        return False
+    end = data.rfind(b")")
+    return data[end + 2:end + 3] not in (b"Z", b"X", b"x")
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def engine_needle(instance_id: str) -> bytes:
+    return b"+viz_instance_id\0" + instance_id.encode() + b"\0"
+
+
+def is_engine_of(pid: int, instance_id: str) -> bool:
+    return engine_needle(instance_id) in cmdline(pid) and pid_alive(pid)
+
+
+def _all_pids():
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            yield int(entry)
+
+
+def mapped_paths(substring: str = "ViZDoom") -> set:
+    """Paths containing `substring` that some live process has mapped.
+
+    Processes whose maps cannot be read (another user's) are skipped: their
+    segments live in files we could not remove anyway (/dev/shm is sticky).
+    """
+    paths = set()
+    needle = substring.encode()
+    for pid in _all_pids():
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if needle not in data:
+            continue
+        for line in data.split(b"\n"):
+            if needle in line:
+                parts = line.split(None, 5)
+                if len(parts) == 6:
+                    paths.add(parts[5].decode(errors="replace").removesuffix(" (deleted)"))
+    return paths
+
+
+def stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_than: float | None = None) -> list:
+    """ViZDoom segments in shm_dir that no live process maps and that were last
+    modified more than grace_s ago (a game being created has its segments
+    before anyone maps them). With newer_than, only segments modified since then."""
+    try:
+        names = [n for n in os.listdir(shm_dir) if parse_segment(n)]
+    except OSError:
+        return []
+    if not names:
+        return []
+    in_use = mapped_paths()
+    now = time.time()
+    uid = os.getuid()
+    stale = []
+    for name in names:
+        path = os.path.join(shm_dir, name)
+        if path in in_use:
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid and uid != 0:
+            continue
+        if now - st.st_mtime < grace_s:
+            continue
+        if newer_than is not None and st.st_mtime < newer_than:
+            continue
+        stale.append(name)
+    # A segment is only stale if its whole game is: keep every segment of an id
+    # that still has one mapped (the engine or the controller still holds it).
+    live_ids = {parse_segment(os.path.basename(p))[1] for p in in_use if parse_segment(os.path.basename(p))}
+    return [n for n in stale if parse_segment(n)[1] not in live_ids]
+
+
+def remove_stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_than: float | None = None) -> list:
+    removed = []
+    for name in stale_segments(shm_dir, grace_s, newer_than):
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _kill_engine(pid: int, instance_id: str) -> None:
+    # Check the command line first: the pid may have been reused by now.
+    if is_engine_of(pid, instance_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def main(argv) -> int:
+    # Ctrl-C, a terminal hang-up or a SIGTERM sent to everything must not take
+    # the reaper down before its owner: it exits when the owner is gone.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    games = {}  # instance id -> engine pid
+    pending = 0
+    pending_since = None
+    for raw in sys.stdin.buffer:
+        line = raw.decode(errors="replace").strip()
+        if not line:
+            continue
+        kind, rest = line[0], line[1:].split()
+        if kind == "?":
+            pending += 1
+            if pending_since is None:
+                pending_since = time.time() - 1.0  # generous: mtimes are coarse on some filesystems
+        elif kind == "=":
+            pending = max(0, pending - 1)
+            if pending == 0:
+                pending_since = None
+        elif kind == "+" and len(rest) == 2 and rest[1].isdigit():
+            games[rest[0]] = int(rest[1])
+        elif kind == "-" and rest:
+            games.pop(rest[0], None)
+    # EOF: the owner is gone.
+    for instance_id, pid in games.items():
+        _kill_engine(pid, instance_id)
+    deadline = time.time() + 2.0
+    while time.time() < deadline and any(is_engine_of(p, i) for i, p in games.items()):
+        time.sleep(0.02)
+    for instance_id in games:
+        unlink_game_segments(instance_id)
+    if pending and pending_since is not None:
+        remove_stale_segments(grace_s=0.0, newer_than=pending_since)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

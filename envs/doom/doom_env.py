@@ -1,0 +1,362 @@
+"""DoomEnv: one ViZDoom game as a gymnasium.Env, with fastrl's screen, frameskip,
+action and reward wrappers built in (one object, no wrapper chain to step through).
+
+Observation: the engine renders 160x120 RGB; cv2 (INTER_AREA) resizes it to 128
+wide x 72 high, channel first: uint8 Box (3, 72, 128). With measurements=True the
+observation is a Dict {"obs": that image, "measurements": float32 (5,)} holding
+health/100, ammo of the selected weapon/100, armor/100, kills/10 (frags/10 in
+doom_deathmatch) and selected weapon/7, clipped to [-10, 10].
+
+Action: MultiDiscrete over heads built from the scenario's buttons (actions.py).
+Each agent step repeats the action for FRAMESKIP = 4 engine tics.
+
+Episode ends. The step where ViZDoom says the episode finished reports
+    truncated=True   if the player is alive and the episode timeout was reached
+                     (DoomGame.is_episode_timeout_reached()): a time limit, so the
+                     trainer bootstraps from the value;
+    terminated=True  otherwise: the player died, or the scenario's goal ended the
+                     map (basic's monster killed, my_way_home's vest reached).
+The player checked first: dying on the last tic is a death. In doom_deathmatch
+the player respawns, so episodes end only by timeout (truncated). The final
+step's observation is the last frame the game rendered (ViZDoom gives no state
+once the episode has finished). info["true_objective"] is set on that step.
+
+Crashes: when the engine dies or hangs (engine.py: the watchdog kills a call
+that takes longer than hang_timeout seconds), the step reports truncated=True
+with info["env_restarted"]=True, and the next reset() starts a new engine.
+The env does not reset itself after an episode ends: call reset().
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import cv2
+import gymnasium as gym
+import numpy as np
+import vizdoom as vzd
+
+from envs.doom import engine
+from envs.doom.actions import ActionMapper
+from envs.doom.scenarios import BATTLE_SHAPING, DoomScenario, get_scenario
+
+FRAMESKIP = 4
+OBS_HEIGHT, OBS_WIDTH = 72, 128
+MEASUREMENTS = ("health", "ammo", "armor", "kills", "weapon")
+DEFAULT_HANG_TIMEOUT_S = 20.0
+INIT_ATTEMPTS = 3
+
+# Game variables every game gets (appended to the scenario's own): the
+# measurements, the battle reward and the objectives read them.
+TRACKED_VARIABLES = (
+    "KILLCOUNT", "FRAGCOUNT", "HEALTH", "ARMOR", "SELECTED_WEAPON", "SELECTED_WEAPON_AMMO",
+    "DAMAGECOUNT", "DEAD", "AMMO2", "AMMO3", "AMMO4", "AMMO5",
+    "WEAPON1", "WEAPON2", "WEAPON3", "WEAPON4", "WEAPON5", "WEAPON6", "WEAPON7",
+)
+
+VIZDOOM_FAILURES = (
+    vzd.ViZDoomErrorException, vzd.ViZDoomIsNotRunningException, vzd.ViZDoomUnexpectedExitException,
+    vzd.MessageQueueException, vzd.SharedMemoryException,
+)
+
+_cv2_threads_set = False
+
+
+def _absolute_wad_in(config_path: str) -> str | None:
+    """The config's doom_scenario_path if it is absolute. ViZDoom 1.3.2 joins it to
+    the config's folder even then (/cfg/dir + /abs/map.wad), so fastrl sets it."""
+    try:
+        with open(config_path, errors="replace") as f:
+            for line in f:
+                key, sep, value = line.split("#", 1)[0].partition("=")
+                if sep and key.strip().lower().replace("-", "_") == "doom_scenario_path":
+                    value = value.strip()
+                    return value if os.path.isabs(value) else None
+    except OSError:
+        pass
+    return None
+
+
+class DoomEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 35 // FRAMESKIP}
+
+    def __init__(self, scenario: str | DoomScenario = "doom_basic", seed: int | None = None, *,
+                 config_path: str | None = None, measurements: bool = False, render_mode: str | None = None,
+                 episode_timeout: int | None = None, num_bots: int | None = None,
+                 hang_timeout: float = DEFAULT_HANG_TIMEOUT_S):
+        """scenario: a name from scenarios.SCENARIOS (or a DoomScenario).
+        config_path: a ViZDoom .cfg used instead of the scenario's (required for
+            doom_custom); the scenario still picks reward and objective.
+        episode_timeout: override of the config's episode_timeout, in engine tics.
+        num_bots: override of the scenario's bot count (bot scenarios only).
+        hang_timeout: seconds one engine call may take before the engine counts as hung."""
+        global _cv2_threads_set
+        if not _cv2_threads_set:
+            # Resizing a 160x120 frame gains nothing from threads; cv2's pool would
+            # only oversubscribe the cores every other process needs.
+            cv2.setNumThreads(1)
+            _cv2_threads_set = True
+        self.scenario = scenario if isinstance(scenario, DoomScenario) else get_scenario(scenario)
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode {render_mode!r} is not supported by Doom envs; use 'rgb_array' or None")
+        if config_path is None and not self.scenario.config:
+            raise ValueError(f"{self.scenario.name} needs doom_scenario=PATH to a ViZDoom .cfg file")
+        if config_path is not None and not os.path.isfile(config_path):
+            raise ValueError(f"doom_scenario {config_path} is not a file; give the path to a ViZDoom .cfg")
+        self.config_path = os.path.abspath(config_path) if config_path else self.scenario.config_path()
+        self._custom_config = config_path is not None
+        self.render_mode = render_mode
+        self.measurements = bool(measurements)
+        self.episode_timeout = episode_timeout
+        self.num_bots = self.scenario.bots if num_bots is None else int(num_bots)
+        self.hang_timeout = float(hang_timeout)
+        self.frameskip = FRAMESKIP
+        self._init_seed = seed
+        self._seeded = False
+        self._game: vzd.DoomGame | None = None
+        self._handle: engine.EngineHandle | None = None
+        self._closed = False
+        self._needs_reset = True
+        self.restarts = 0  # engines restarted after a crash or hang
+        self.mutex_repairs = 0  # queue mutexes released after their engine died holding them
+
+        self._start_game()  # here, not at reset: a bad config fails at construction
+        game = self._game
+        self._actions = ActionMapper([b.name for b in game.get_available_buttons()], FRAMESKIP)
+        self.action_space = gym.spaces.MultiDiscrete(self._actions.nvec, seed=seed)
+        image = gym.spaces.Box(0, 255, (3, OBS_HEIGHT, OBS_WIDTH), np.uint8, seed=seed)
+        if self.measurements:
+            meas = gym.spaces.Box(-10.0, 10.0, (len(MEASUREMENTS),), np.float32, seed=seed)
+            self.observation_space = gym.spaces.Dict({"obs": image, "measurements": meas}, seed=seed)
+        else:
+            self.observation_space = image
+        self._setup_variables([v.name for v in game.get_available_game_variables()])
+        self._last_obs = self._blank_obs()
+        self._last_frame = np.zeros((120, 160, 3), np.uint8)
+
+    # -- the game ------------------------------------------------------------------
+    def _configure(self) -> vzd.DoomGame:
+        game = vzd.DoomGame()
+        if not game.load_config(self.config_path):
+            raise ValueError(f"ViZDoom could not load the config {self.config_path}")
+        wad = _absolute_wad_in(self.config_path) if self._custom_config else self.scenario.wad_path()
+        if wad is not None:
+            game.set_doom_scenario_path(wad)
+        game.set_window_visible(False)
+        game.set_sound_enabled(False)
+        game.set_audio_buffer_enabled(False)
+        game.set_console_enabled(False)
+        game.set_mode(vzd.Mode.PLAYER)
+        game.set_screen_resolution(vzd.ScreenResolution.RES_160X120)
+        game.set_screen_format(vzd.ScreenFormat.RGB24)
+        for off in (game.set_render_hud, game.set_render_minimal_hud, game.set_render_crosshair,
+                    game.set_render_decals, game.set_render_particles, game.set_render_effects_sprites,
+                    game.set_render_messages, game.set_depth_buffer_enabled, game.set_labels_buffer_enabled,
+                    game.set_automap_buffer_enabled, game.set_objects_info_enabled, game.set_sectors_info_enabled):
+            off(False)
+        if self.episode_timeout is not None:
+            game.set_episode_timeout(int(self.episode_timeout))
+        have = {v.name for v in game.get_available_game_variables()}
+        for name in TRACKED_VARIABLES:
+            if name not in have:
+                game.add_available_game_variable(getattr(vzd.GameVariable, name))
+        return game
+
+    def _start_game(self) -> None:
+        last = None
+        for _ in range(INIT_ATTEMPTS):
+            game = self._configure()
+            try:
+                self._handle = engine.init_game(game, self.hang_timeout)
+                self._game = game
+                engine.track_open(self)
+                return
+            except VIZDOOM_FAILURES as err:
+                last = err
+                engine.end_game(game, None)
+        raise RuntimeError(f"ViZDoom failed to start {self.scenario.name} {INIT_ATTEMPTS} times; last error: {last}")
+
+    def _end_game(self) -> None:
+        game, handle = self._game, self._handle
+        self._game = self._handle = None
+        if game is not None:
+            engine.end_game(game, handle)
+        if handle is not None:
+            self.mutex_repairs += handle.mutex_repairs
+
+    def _call(self, fn, *args):
+        """A call into the game, visible to the watchdog while it runs."""
+        h = self._handle
+        h.call_started = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            h.call_started = 0.0
+
+    # -- variables, reward, observation --------------------------------------------
+    def _setup_variables(self, available: list) -> None:
+        self._var_names = tuple(available)
+        idx = {n: i for i, n in enumerate(available)}
+        self._i = {n: idx[n] for n in TRACKED_VARIABLES}
+        kills = "FRAGCOUNT" if self.scenario.objective == "frags" else "KILLCOUNT"
+        self._meas_idx = np.array([idx["HEALTH"], idx["SELECTED_WEAPON_AMMO"], idx["ARMOR"], idx[kills],
+                                   idx["SELECTED_WEAPON"]])
+        self._meas_scale = np.array([1 / 100, 1 / 100, 1 / 100, 1 / 10, 1 / 7])
+        self._shape_idx = np.array([idx[n] for n, _, _ in BATTLE_SHAPING])
+        self._shape_pos = np.array([sign == "+" for _, sign, _ in BATTLE_SHAPING])
+        self._shape_w = np.array([w for _, _, w in BATTLE_SHAPING])
+
+    def _read_variables(self) -> np.ndarray:
+        game = self._game
+        return np.array([game.get_game_variable(getattr(vzd.GameVariable, n)) for n in self._var_names])
+
+    def _reward(self, game_reward: float, now: np.ndarray, before: np.ndarray) -> float:
+        kind = self.scenario.reward
+        if kind == "game":
+            return float(game_reward)
+        if kind == "frags":
+            i = self._i["FRAGCOUNT"]
+            return float(now[i] - before[i])
+        delta = now[self._shape_idx] - before[self._shape_idx]
+        delta = np.where(self._shape_pos, np.maximum(delta, 0.0), delta)
+        return float(delta @ self._shape_w)
+
+    def _objective(self, variables: np.ndarray) -> float:
+        kind = self.scenario.objective
+        if kind == "kills":
+            return float(variables[self._i["KILLCOUNT"]])
+        if kind == "frags":
+            return float(variables[self._i["FRAGCOUNT"]])
+        return float(self._episode_game_reward)
+
+    def _blank_obs(self):
+        image = np.zeros((3, OBS_HEIGHT, OBS_WIDTH), np.uint8)
+        if self.measurements:
+            return {"obs": image, "measurements": np.zeros(len(MEASUREMENTS), np.float32)}
+        return image
+
+    def _observe(self, state) -> object:
+        frame = state.screen_buffer  # (120, 160, 3) uint8
+        self._last_frame = frame
+        small = cv2.resize(frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_AREA)
+        image = np.ascontiguousarray(small.transpose(2, 0, 1))
+        if not self.measurements:
+            return image
+        meas = np.clip(state.game_variables[self._meas_idx] * self._meas_scale, -10.0, 10.0).astype(np.float32)
+        return {"obs": image, "measurements": meas}
+
+    # -- gymnasium API -------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self._closed:
+            raise RuntimeError("reset() on a closed DoomEnv")
+        if seed is None and not self._seeded:
+            seed = self._init_seed
+        super().reset(seed=seed)
+        if seed is not None:
+            self._seeded = True
+        last = None
+        restarts_before = self.restarts
+        for _ in range(INIT_ATTEMPTS):
+            try:
+                if self._game is None:
+                    self._start_game()
+                game = self._game
+                game.set_seed(int(self.np_random.integers(0, 2**31 - 1)))
+                self._call(game.new_episode)
+                if self.num_bots > 0:
+                    game.send_game_command("removebots")
+                    for _ in range(self.num_bots):
+                        game.send_game_command("addbot")
+                state = game.get_state()
+                if state is None:
+                    raise vzd.ViZDoomErrorException("the new episode ended before its first frame")
+                break
+            except VIZDOOM_FAILURES as err:
+                last = err
+                self._end_game()
+                self.restarts += 1
+        else:
+            raise RuntimeError(f"ViZDoom failed to start an episode of {self.scenario.name} "
+                               f"{INIT_ATTEMPTS} times; last error: {last}")
+        self._vars = np.array(state.game_variables, dtype=np.float64)
+        self._episode_game_reward = 0.0
+        self._needs_reset = False
+        self._last_obs = self._observe(state)
+        # A game that crashed between episodes was restarted here.
+        return self._last_obs, ({"env_restarted": True} if self.restarts > restarts_before else {})
+
+    def step(self, action):
+        if self._needs_reset:
+            raise RuntimeError("step() before reset() or after the episode ended; call reset()")
+        buttons = self._actions(action)
+        game = self._game
+        try:
+            game_reward = self._call(game.make_action, buttons, FRAMESKIP)
+            finished = game.is_episode_finished()
+            if not finished and self.num_bots > 0 and game.is_player_dead():
+                game.respawn_player()
+                finished = game.is_episode_finished()
+            state = None if finished else game.get_state()
+            if state is None:
+                finished = True
+                variables = self._read_variables()
+                dead = game.is_player_dead()
+                truncated = not dead and game.is_episode_timeout_reached()
+            else:
+                variables = np.asarray(state.game_variables, dtype=np.float64)
+        except VIZDOOM_FAILURES:
+            return self._crashed()
+        self._episode_game_reward += game_reward
+        reward = self._reward(game_reward, variables, self._vars)
+        self._vars = variables
+        info = {}
+        if finished:
+            self._needs_reset = True
+            info["true_objective"] = self._objective(variables)
+            return self._last_obs, reward, not truncated, truncated, info
+        self._last_obs = self._observe(state)
+        return self._last_obs, reward, False, False, info
+
+    def _crashed(self):
+        """The engine died or hung mid-episode: end the episode as truncated (it did
+        not end in the game), report the objective so far, restart at reset()."""
+        info = {"env_restarted": True, "true_objective": self._objective(self._vars)}
+        self._end_game()
+        self.restarts += 1
+        self._needs_reset = True
+        return self._last_obs, 0.0, False, True, info
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return np.array(self._last_frame, copy=True)
+        return None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._needs_reset = True
+        self._end_game()
+        engine.forget_open(self)
+
+    # -- introspection (tests, tools) ----------------------------------------------
+    @property
+    def engine_pid(self) -> int | None:
+        return self._handle.engine_pid if self._handle is not None else None
+
+    @property
+    def instance_id(self) -> str | None:
+        return self._handle.instance_id if self._handle is not None else None
+
+    @property
+    def game(self) -> vzd.DoomGame | None:
+        return self._game
+
+    def action_meanings(self) -> str:
+        return self._actions.describe()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,466 @@
+"""Who owns a ViZDoom engine process and its /dev/shm segments, on every exit path.
+
+What ViZDoom 1.3.2 does, found with ps, /proc and /dev/shm while games ran:
+
+- DoomGame.init() starts the engine as a separate child process (the `vizdoom`
+  binary beside the Python package). It is forked from a helper thread that
+  DoomGame creates in the calling process; that thread waits on the engine for
+  its whole life. The engine stays in the caller's process group. Its command
+  line carries `+viz_instance_id ID`, the 10-character id DoomGame.get_instance_id()
+  returns.
+- Each game creates three POSIX shared-memory objects, mapped by both the
+  Python process and the engine:
+      /dev/shm/ViZDoomMQCtrID, /dev/shm/ViZDoomMQDoomID   (~10 KB each: the two
+          Boost message queues, engine->controller and controller->engine)
+      /dev/shm/ViZDoomSMID                                (~10 MB: screen and state)
+- DoomGame.close() removes the three segments. Nothing else does. When the
+  Python process dies by SIGTERM (default action) or SIGKILL, the engine is
+  reparented to init and runs on forever: it ignores SIGINT and catches SIGTERM
+  without exiting; only SIGKILL ends it. Its three segments stay behind.
+- When the engine dies (SIGKILL, crash), the next make_action()/new_episode()
+  raises ViZDoomErrorException("Unexpected ViZDoom instance crash."), and close()
+  still removes the segments. But when it dies while holding the process-shared
+  pthread mutex inside the ViZDoomMQCtr queue (about 1 kill in 10 during busy
+  stepping here), the Python thread blocks in futex() on that mutex forever.
+- make_action() and new_episode() release the GIL; close() does not, and it
+  waits for the engine to exit: forever if the engine is hung or stopped.
+- If the engine exits during DoomGame.init() (an engine path that cannot run),
+  ViZDoom segfaults the calling Python process and leaves the two queue segments.
+- A Python process that exits normally while a game is still referenced from a
+  live daemon thread leaves the engine running too (its destructor never runs).
+
+What fastrl does about it (each piece covers a path the others cannot):
+
+1. Parent-death signal. DoomGame.set_vizdoom_path() points at a generated shell
+   script that runs _launcher.py, which arms PR_SET_PDEATHSIG(SIGKILL) and execs
+   the real engine (same pid and command line). The kernel kills the engine the
+   moment its owner dies, SIGKILL included. The launcher is run once in a check
+   mode before first use, since a launcher that fails would crash the process.
+2. Reaper. Each owning process starts one small helper (_reaper.py) holding a
+   pipe from it; games are registered by id and engine pid. At EOF (the owner
+   is gone, however it died) the reaper kills leftover engines and unlinks the
+   games' segments, which no signal handler could do after a SIGKILL.
+3. close() kills the engine with SIGKILL first, then calls DoomGame.close(),
+   which then returns at once and removes the segments; whatever is left is
+   unlinked by name. A hung engine can therefore never block close().
+4. atexit, and SIGTERM/SIGHUP handlers installed only where the handler is still
+   the default, close every open game and then die by the same signal.
+5. A watchdog thread per process: a game call running longer than the env's
+   hang timeout gets its engine killed; a call stuck on a queue mutex whose
+   owner thread is dead gets that mutex released, so ViZDoom reports the crash
+   and the env restarts the game.
+6. cleanup_stale_doom_shm() removes segments that no live process maps (for
+   example those left by other programs' crashed runs).
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+
+from envs.doom import _reaper
+from envs.doom._reaper import SHM_DIR, pid_alive, shm_names, unlink_game_segments
+
+OWNER_ENV_VAR = "FASTRL_DOOM_OWNER_PID"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# --------------------------------------------------------------------------------------
+# Finding the engine and its segments
+
+def find_engine_pid(instance_id: str) -> int | None:
+    """Pid of the engine running game `instance_id`, looked for among this
+    process's children first, then among all processes."""
+    needle = _reaper.engine_needle(instance_id)
+    children = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                children.extend(int(p) for p in f.read().split())
+    except OSError:
+        pass
+    for pid in children:
+        if needle in _reaper.cmdline(pid):
+            return pid
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and needle in _reaper.cmdline(int(entry)):
+            return int(entry)
+    return None
+
+
+def game_segments(instance_id: str, shm_dir: str = SHM_DIR) -> list:
+    """The game's segment names that exist now."""
+    return [n for n in shm_names(instance_id) if os.path.exists(os.path.join(shm_dir, n))]
+
+
+def cleanup_stale_doom_shm(grace_s: float = 10.0, shm_dir: str = SHM_DIR) -> list:
+    """Remove ViZDoom /dev/shm segments whose game is dead: no live process (engine
+    or controller) maps any of that game's segments, and they were last modified
+    more than grace_s seconds ago (a game being created exists briefly unmapped).
+
+    Returns the removed names. Safe to call at any time from any process; fastrl's
+    own games never need it (see the module docstring), it is for leftovers of
+    other programs or of a machine that lost power.
+    """
+    return _reaper.remove_stale_segments(shm_dir=shm_dir, grace_s=grace_s)
+
+
+# --------------------------------------------------------------------------------------
+# 1. The engine launcher (parent-death signal)
+
+_launcher_lock = threading.Lock()
+_launcher_path: str | None = None
+_launcher_failed = False
+
+
+def engine_launcher_path() -> str | None:
+    """An executable that starts the ViZDoom engine with PR_SET_PDEATHSIG armed,
+    for DoomGame.set_vizdoom_path(); None if it cannot be made here (then the
+    reaper and close() alone own the engine's end)."""
+    global _launcher_path, _launcher_failed
+    with _launcher_lock:
+        if _launcher_path or _launcher_failed:
+            return _launcher_path
+        try:
+            _launcher_path = _write_launcher()
+        except OSError:
+            _launcher_failed = True
+        return _launcher_path
+
+
+def _write_launcher() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    import vizdoom
+
+    engine = os.path.join(os.path.dirname(vizdoom.__file__), "vizdoom")
+    script = os.path.join(_HERE, "_launcher.py")
+    if not (os.access(engine, os.X_OK) and os.path.isfile(script)):
+        return None
+    body = "#!/bin/sh\n" f'exec {shlex.quote(sys.executable)} -I -S {shlex.quote(script)} {shlex.quote(engine)} "$@"\n'
+    directory = os.path.join(tempfile.gettempdir(), f"fastrl-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None  # not ours, or writable by others: do not run code from it
+    digest = hashlib.sha1(body.encode()).hexdigest()[:12]
+    path = os.path.join(directory, f"doom-engine-{digest}.sh")
+    try:
+        with open(path) as f:
+            current = f.read() == body and os.access(path, os.X_OK)
+    except OSError:
+        current = False
+    if not current:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(body)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    return path if _launcher_works(path) else None
+
+
+def _launcher_works(path: str) -> bool:
+    """Run the launcher once in check mode. ViZDoom 1.3.2 segfaults the Python
+    process when the engine exits during init (measured), so a launcher that
+    cannot start (noexec /tmp, a broken interpreter) must be caught here."""
+    env = dict(os.environ, FASTRL_DOOM_LAUNCHER_CHECK="1")
+    try:
+        out = subprocess.run([path], env=env, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == "fastrl-doom-launcher-ok"
+
+
+# --------------------------------------------------------------------------------------
+# 2. The reaper
+
+class _Reaper:
+    """This process's reaper: one per owning process, started on first use and
+    restarted (with every live game re-registered) if it died."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._pid_of_owner = -1
+        self._games: dict = {}  # instance id -> engine pid
+
+    def _start(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.join(_HERE, "_reaper.py"), str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=True, start_new_session=True,
+        )
+        self._pid_of_owner = os.getpid()
+        for instance_id, pid in self._games.items():
+            self._proc.stdin.write(f"+{instance_id} {pid}\n".encode())
+        self._proc.stdin.flush()
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._pid_of_owner != os.getpid():  # first use, or we are a fork
+                if self._proc is not None and self._proc.stdin is not None:
+                    try:  # a fork's copy of the parent's pipe would delay the parent's reaper
+                        self._proc.stdin.close()
+                    except OSError:
+                        pass
+                self._proc, self._games = None, {}
+            for _ in range(2):
+                try:
+                    if self._proc is None or self._proc.poll() is not None:
+                        self._start()
+                    self._proc.stdin.write(line.encode())
+                    self._proc.stdin.flush()
+                    return
+                except (OSError, ValueError):
+                    self._proc = None
+
+    def init_begins(self) -> None:
+        self._send("?\n")
+
+    def init_ends(self) -> None:
+        self._send("=\n")
+
+    def add(self, instance_id: str, engine_pid: int) -> None:
+        self._games[instance_id] = engine_pid
+        self._send(f"+{instance_id} {engine_pid}\n")
+
+    def remove(self, instance_id: str) -> None:
+        self._games.pop(instance_id, None)
+        self._send(f"-{instance_id}\n")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._pid_of_owner == os.getpid() else None
+
+
+REAPER = _Reaper()
+
+
+# --------------------------------------------------------------------------------------
+# The handle on one running engine
+
+class EngineHandle:
+    """One running game's engine: its id, pid, and the time its current call began.
+
+    The env sets `call_started` (time.monotonic()) around every call into the
+    game and back to 0.0 after it; the watchdog reads it."""
+
+    def __init__(self, instance_id: str, engine_pid: int | None, hang_timeout: float):
+        self.instance_id = instance_id
+        self.engine_pid = engine_pid
+        self.hang_timeout = hang_timeout
+        self.call_started = 0.0
+        self.killed_as_hung = False
+        self.mutex_repairs = 0
+        self._last_repair = 0.0
+
+    def engine_alive(self) -> bool:
+        return self.engine_pid is not None and _reaper.is_engine_of(self.engine_pid, self.instance_id)
+
+    def kill_engine(self, wait_s: float = 2.0) -> None:
+        if self.engine_pid is None or not self.engine_alive():
+            return
+        try:
+            os.kill(self.engine_pid, signal.SIGKILL)
+        except OSError:
+            return
+        deadline = time.monotonic() + wait_s
+        while self.engine_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
+# --------------------------------------------------------------------------------------
+# 5. The watchdog: hung engines and mutexes abandoned by a dead engine
+
+_FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAKE = 1
+_PTHREAD_MUTEX_PSHARED_BIT = 128
+DEAD_ENGINE_GRACE_S = 1.0  # a call this old with its engine dead is stuck, not finishing
+
+
+def repair_abandoned_mutexes(instance_id: str) -> int:
+    """Release the queue mutexes of game `instance_id` that a thread of this
+    process is blocked on and whose owner thread no longer exists.
+
+    A glibc pthread_mutex_t starts with int __lock, unsigned __count, int __owner
+    (the owner's thread id), unsigned __nusers, int __kind (64-bit Linux). A
+    blocked thread's /proc/self/task/TID/syscall shows futex(&__lock, ...). We only
+    touch words inside this game's ViZDoomMQ* mappings, of a process-shared mutex
+    that is locked, whose owner thread is dead: the dead engine's, which nobody
+    else can ever unlock. Returns how many were released.
+    """
+    if _FUTEX_SYSCALL is None:
+        return 0
+    regions = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if instance_id in line and "ViZDoomMQ" in line:
+                    lo, hi = line.split(None, 1)[0].split("-")
+                    regions.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    repaired = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                fields = f.read().split()
+        except OSError:
+            continue
+        if len(fields) < 2 or fields[0] != str(_FUTEX_SYSCALL):
+            continue
+        addr = int(fields[1], 16)
+        if not any(lo <= addr and addr + 20 <= hi for lo, hi in regions):
+            continue
+        lock = ctypes.c_int.from_address(addr)
+        owner = ctypes.c_int.from_address(addr + 8)
+        nusers = ctypes.c_uint.from_address(addr + 12)
+        kind = ctypes.c_int.from_address(addr + 16)
+        if lock.value not in (1, 2) or not kind.value & _PTHREAD_MUTEX_PSHARED_BIT:
+            continue
+        if owner.value <= 0 or pid_alive(owner.value):
+            continue
+        owner.value = 0
+        if nusers.value > 0:
+            nusers.value -= 1
+        lock.value = 0
+        libc.syscall(_FUTEX_SYSCALL, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+        repaired += 1
+    return repaired
+
+
+class _Watchdog:
+    PERIOD_S = 0.25
+
+    def __init__(self):
+        self._handles: "weakref.WeakSet[EngineHandle]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = -1
+
+    def watch(self, handle: EngineHandle) -> None:
+        with self._lock:
+            self._handles.add(handle)
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="fastrl-doom-watchdog", daemon=True)
+                self._thread.start()
+
+    def unwatch(self, handle: EngineHandle) -> None:
+        with self._lock:
+            self._handles.discard(handle)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.PERIOD_S)
+            with self._lock:
+                handles = list(self._handles)
+            now = time.monotonic()
+            for h in handles:
+                try:
+                    self.check(h, now)
+                except Exception:  # the watchdog must outlive any one odd game
+                    pass
+
+    @staticmethod
+    def check(h: EngineHandle, now: float) -> None:
+        started = h.call_started
+        if not started or now - started < DEAD_ENGINE_GRACE_S:
+            return
+        if h.engine_alive():
+            if now - started > h.hang_timeout:
+                h.killed_as_hung = True
+                h.kill_engine(wait_s=0.5)
+        elif now - h._last_repair > DEAD_ENGINE_GRACE_S:
+            h._last_repair = now
+            h.mutex_repairs += repair_abandoned_mutexes(h.instance_id)
+
+
+WATCHDOG = _Watchdog()
+
+
+# --------------------------------------------------------------------------------------
+# 4. Exit hooks: close every open game at interpreter exit and on SIGTERM/SIGHUP
+
+_open_envs: "weakref.WeakSet" = weakref.WeakSet()
+_hooks_pid = -1
+
+
+def track_open(env) -> None:
+    """Remember an object with close() to be closed on exit; install the hooks."""
+    global _hooks_pid
+    _open_envs.add(env)
+    if _hooks_pid == os.getpid():
+        return
+    _hooks_pid = os.getpid()
+    atexit.register(close_all_open)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _close_and_die)
+
+
+def forget_open(env) -> None:
+    _open_envs.discard(env)
+
+
+def close_all_open() -> None:
+    for env in list(_open_envs):
+        try:
+            env.close()
+        except Exception:
+            pass
+
+
+def _close_and_die(signum, frame) -> None:
+    close_all_open()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+# --------------------------------------------------------------------------------------
+# Starting and ending one game
+
+def init_game(game, hang_timeout: float) -> EngineHandle:
+    """DoomGame.init() with the launcher and the reaper in place; returns its handle."""
+    launcher = engine_launcher_path()
+    if launcher:
+        game.set_vizdoom_path(launcher)
+        os.environ[OWNER_ENV_VAR] = str(os.getpid())
+    REAPER.init_begins()
+    try:
+        game.init()
+        instance_id = game.get_instance_id()
+        handle = EngineHandle(instance_id, find_engine_pid(instance_id), hang_timeout)
+        if handle.engine_pid is not None:
+            REAPER.add(instance_id, handle.engine_pid)
+    finally:
+        REAPER.init_ends()
+    WATCHDOG.watch(handle)
+    return handle
+
+
+def end_game(game, handle: EngineHandle | None) -> None:
+    """Kill the engine, let DoomGame.close() tidy up, unlink what is left."""
+    if handle is not None:
+        WATCHDOG.unwatch(handle)
+        handle.kill_engine()
+    try:
+        game.close()
+    except Exception:
+        pass
+    if handle is not None:
+        unlink_game_segments(handle.instance_id)
+        REAPER.remove(handle.instance_id)

@@ -1,0 +1,40 @@
+"""make_doom_env: the registry's entry point for doom_* names; turns the
+trainer's options into DoomEnv arguments."""
+from __future__ import annotations
+
+import difflib
+
+from envs.doom.scenarios import get_scenario
+
+# option -> (DoomEnv keyword, converter); a value of None means "not given".
+DOOM_OPTIONS = {
+    "doom_scenario": ("config_path", str),
+    "doom_measurements": ("measurements", bool),
+    "doom_episode_timeout": ("episode_timeout", int),
+    "doom_num_bots": ("num_bots", int),
+    "doom_hang_timeout": ("hang_timeout", float),
+    "render_mode": ("render_mode", str),
+}
+
+
+def make_doom_env(name: str, seed: int | None = None, **options):
+    """A DoomEnv for fastrl name `name`. Options other than DOOM_OPTIONS are
+    ignored (the trainer passes one set to every env), except misspelt doom_* ones."""
+    scenario = get_scenario(name)
+    kwargs = {}
+    for key, value in options.items():
+        if key in DOOM_OPTIONS:
+            if value is None or (key == "doom_scenario" and value == ""):
+                continue
+            kw, convert = DOOM_OPTIONS[key]
+            kwargs[kw] = convert(value)
+        elif key.startswith("doom_"):
+            close = difflib.get_close_matches(key, list(DOOM_OPTIONS), n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(DOOM_OPTIONS)}"
+            raise ValueError(f"unknown Doom option {key}{hint}")
+    try:
+        from envs.doom.doom_env import DoomEnv
+    except ImportError as err:
+        raise ImportError(f"{name} needs ViZDoom and OpenCV, which are not installed ({err}); "
+                          "install them with: pip install 'fastrl[doom]'") from err
+    return DoomEnv(scenario, seed, **kwargs)

@@ -1,0 +1,428 @@
+"""Doom envs: every scenario steps with the right spaces and episode-end flags,
+and no engine process or /dev/shm segment outlives its owner on any exit path."""
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+vizdoom = pytest.importorskip("vizdoom")
+pytest.importorskip("cv2")
+
+from envs.doom import engine  # noqa: E402
+from envs.doom._reaper import pid_alive, shm_names  # noqa: E402
+from envs.doom.engine import cleanup_stale_doom_shm  # noqa: E402
+from envs.registry import get_spec  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMED = ["doom_battle", "doom_deathmatch", "doom_basic", "doom_defend_the_center",
+         "doom_health_gathering_supreme", "doom_deadly_corridor", "doom_my_way_home"]
+
+
+def make(name, seed=0, **options):
+    return get_spec(name).make(seed=seed, **options)
+
+
+def leftovers(instance_id):
+    return [n for n in shm_names(instance_id) if os.path.exists(os.path.join("/dev/shm", n))]
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def assert_gone(pid, instance_id, timeout=5.0):
+    assert wait_until(lambda: not pid_alive(pid) and not leftovers(instance_id), timeout), (
+        f"engine {pid} alive={pid_alive(pid)}, segments left={leftovers(instance_id)}")
+
+
+def noop(env):
+    return np.zeros(len(env.action_space.nvec), dtype=np.int64)
+
+
+# -- every scenario ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMED)
+def test_scenario_constructs_resets_and_steps(name):
+    env = make(name, seed=1)
+    pid, iid = env.engine_pid, env.instance_id
+    assert pid_alive(pid) and len(leftovers(iid)) == 3
+    assert env.observation_space.shape == (3, 72, 128) and env.observation_space.dtype == np.uint8
+    obs, info = env.reset()
+    assert obs.shape == (3, 72, 128) and obs.dtype == np.uint8 and obs.flags.c_contiguous
+    assert env.observation_space.contains(obs) and obs.any()
+    for _ in range(20):
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        assert env.observation_space.contains(obs)
+        assert isinstance(reward, float) and isinstance(terminated, bool) and isinstance(truncated, bool)
+        if terminated or truncated:
+            assert "true_objective" in info
+            obs, _ = env.reset()
+    env.close()
+    assert_gone(pid, iid, timeout=2.0)
+
+
+def test_battle_action_space_and_measurements():
+    env = make("doom_battle", doom_measurements=True)
+    assert env.action_space.nvec.tolist() == [3, 3, 2, 2, 11]
+    obs, _ = env.reset()
+    assert set(obs) == {"obs", "measurements"} and env.observation_space.contains(obs)
+    m = obs["measurements"]
+    assert m.dtype == np.float32 and m.shape == (5,)
+    health, ammo, armor, kills, weapon = m.tolist()
+    assert health == pytest.approx(1.0) and armor == 0.0 and kills == 0.0
+    assert ammo > 0 and 0 < weapon <= 1  # a pistol with bullets
+    for _ in range(10):
+        obs, *_ = env.step(env.action_space.sample())
+        assert env.observation_space.contains(obs)
+    env.close()
+
+
+def test_seeds_reproduce_episodes():
+    a, b = make("doom_basic", seed=7), make("doom_basic", seed=7)
+    first_a, first_b = a.reset()[0], b.reset()[0]
+    np.testing.assert_array_equal(first_a, first_b)  # make(seed) seeds the first reset
+    starts = {s: a.reset(seed=s)[0] for s in (11, 12)}
+    np.testing.assert_array_equal(b.reset(seed=11)[0], starts[11])
+    assert not np.array_equal(starts[11], starts[12])  # basic places its monster at random
+    a.close(), b.close()
+
+
+def test_render_rgb_array():
+    env = make("doom_basic", render_mode="rgb_array")
+    env.reset()
+    env.step(noop(env))
+    frame = env.render()
+    assert frame.shape == (120, 160, 3) and frame.dtype == np.uint8 and frame.any()
+    env.close()
+
+
+# -- episode ends ----------------------------------------------------------------------------
+
+def test_timeout_truncates():
+    env = make("doom_basic", doom_episode_timeout=20)  # tics: 5 agent steps
+    env.reset()
+    total, steps = 0.0, 0
+    while True:
+        obs, reward, terminated, truncated, info = env.step(noop(env))
+        total, steps = total + reward, steps + 1
+        if terminated or truncated:
+            break
+        assert "true_objective" not in info
+    assert truncated and not terminated and steps <= 6
+    assert info["true_objective"] == pytest.approx(total)  # basic's objective: its own reward
+    with pytest.raises(RuntimeError):
+        env.step(noop(env))
+    env.reset()
+    env.step(noop(env))
+    env.close()
+
+
+def test_death_terminates():
+    # Standing still on health_gathering_supreme's acid floor dies (96 steps here).
+    env = make("doom_health_gathering_supreme")
+    env.reset(seed=0)
+    for steps in range(1, 600):
+        _, _, terminated, truncated, info = env.step(noop(env))
+        if terminated or truncated:
+            break
+    assert terminated and not truncated and env.game.is_player_dead()
+    assert "true_objective" in info
+    env.close()
+
+
+def test_battle_reward_and_objective_on_death():
+    env = make("doom_battle")
+    env.reset()
+    env.game.send_game_command("kill")
+    _, reward, terminated, truncated, info = env.step(noop(env))
+    assert terminated and not truncated
+    assert reward == pytest.approx(-1.0)  # the death penalty, nothing else
+    assert info["true_objective"] == 0.0  # kills
+    env.close()
+
+
+def test_deathmatch_respawns_and_ends_by_timeout():
+    env = make("doom_deathmatch", doom_episode_timeout=120, doom_num_bots=2)
+    env.reset()
+    env.game.send_game_command("kill")
+    total = 0.0
+    while True:
+        _, reward, terminated, truncated, info = env.step(noop(env))
+        total += reward
+        if terminated or truncated:
+            break
+        assert not env.game.is_player_dead()  # respawned within the step
+    assert truncated and not terminated
+    assert total <= -1.0 and info["true_objective"] == total  # the suicide cost a frag
+    env.close()
+
+
+def test_custom_scenario(tmp_path):
+    cfg = tmp_path / "mine.cfg"
+    cfg.write_text(textwrap.dedent(f"""\
+        doom_scenario_path = {os.path.join(vizdoom.scenarios_path, "basic.wad")}
+        doom_map = map01
+        episode_timeout = 40
+        living_reward = -1
+        available_buttons = {{ MOVE_FORWARD TURN_LEFT_RIGHT_DELTA ATTACK USE }}
+        """))
+    env = make("doom_custom", doom_scenario=str(cfg))
+    assert [h.name for h in env._actions.heads] == ["move", "attack", "turn", "use"]
+    assert env.action_space.nvec.tolist() == [2, 2, 11, 2]
+    obs, _ = env.reset()
+    assert obs.shape == (3, 72, 128)
+    total = 0.0
+    while True:
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        total += reward
+        if terminated or truncated:
+            break
+    assert truncated and info["true_objective"] == pytest.approx(total) and total < 0
+    env.close()
+
+
+def test_custom_scenario_errors(tmp_path):
+    with pytest.raises(ValueError, match="doom_scenario"):
+        make("doom_custom")
+    with pytest.raises(ValueError, match="not a file"):
+        make("doom_custom", doom_scenario=str(tmp_path / "missing.cfg"))
+    with pytest.raises(ValueError, match="did you mean doom_measurements"):
+        make("doom_basic", doom_measurments=True)
+
+
+# -- crashes and hangs -----------------------------------------------------------------------
+
+def test_restart_after_engine_is_killed():
+    env = make("doom_battle")
+    env.reset()
+    env.step(noop(env))
+    old_pid, old_iid = env.engine_pid, env.instance_id
+    os.kill(old_pid, signal.SIGKILL)
+    obs, reward, terminated, truncated, info = env.step(noop(env))
+    assert truncated and not terminated and info["env_restarted"] and "true_objective" in info
+    assert obs.shape == (3, 72, 128) and reward == 0.0
+    assert_gone(old_pid, old_iid, timeout=2.0)
+    obs, _ = env.reset()
+    assert env.engine_pid != old_pid and pid_alive(env.engine_pid) and env.restarts == 1
+    _, _, terminated, truncated, info = env.step(noop(env))
+    assert not (terminated or truncated) and "env_restarted" not in info
+    env.close()
+
+
+def test_restart_after_engine_hangs():
+    env = make("doom_basic", doom_hang_timeout=1.0)
+    env.reset()
+    pid, iid = env.engine_pid, env.instance_id
+    os.kill(pid, signal.SIGSTOP)  # a hung engine: alive, never answers
+    try:
+        t0 = time.monotonic()
+        _, _, terminated, truncated, info = env.step(noop(env))
+        took = time.monotonic() - t0
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert truncated and info["env_restarted"] and 0.9 < took < 5.0
+    assert_gone(pid, iid, timeout=2.0)
+    env.reset()
+    env.step(noop(env))
+    env.close()
+
+
+@pytest.mark.slow
+def test_kills_during_busy_stepping_always_recover():
+    """Killing the engine mid-step sometimes leaves ViZDoom's queue mutex locked by
+    the dead engine; the watchdog must release it so that every kill recovers."""
+    import random
+    import threading
+
+    env = make("doom_battle")
+    rounds = 60  # about 2 in 100 kills land while the engine holds the mutex
+    for r in range(rounds):
+        env.reset()
+        pid, iid = env.engine_pid, env.instance_id
+        threading.Timer(random.uniform(0.02, 0.1), os.kill, (pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        while env.restarts == r:  # the kill shows in a step, or in a reset after an episode end
+            _, _, terminated, truncated, info = env.step(env.action_space.sample())
+            if terminated or truncated:
+                env.reset()
+            assert time.monotonic() - t0 < 10, "a killed engine was never noticed"
+        assert_gone(pid, iid, timeout=2.0)
+    assert env.restarts == rounds
+    print(f"{rounds} kills, {env.mutex_repairs} abandoned queue mutexes released")
+    env.close()
+
+
+def test_watchdog_releases_a_mutex_whose_owner_died(tmp_path):
+    """The repair itself, made deterministic: a process-shared mutex in a file named
+    like a ViZDoom queue, locked by a process that then exits, and a thread of ours
+    blocked on it. The watchdog's repair must release it and let the thread in."""
+    import ctypes
+    import threading
+
+    if engine._FUTEX_SYSCALL is None:
+        pytest.skip("futex repair is only implemented for x86_64 and aarch64 Linux")
+    libc = ctypes.CDLL(None, use_errno=True)
+    fake_id = "FakeQueue1"
+    path = tmp_path / f"ViZDoomMQCtr{fake_id}"
+    path.write_bytes(b"\0" * 4096)
+    f = open(path, "r+b")
+    mapping = mmap.mmap(f.fileno(), 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping)) + 64
+    attr = ctypes.create_string_buffer(16)
+    libc.pthread_mutexattr_init(attr)
+    libc.pthread_mutexattr_setpshared(attr, 1)  # PTHREAD_PROCESS_SHARED
+    assert libc.pthread_mutex_init(ctypes.c_void_p(addr), attr) == 0
+    # Another process takes the mutex and dies holding it, as a killed engine does.
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""\
+        import ctypes, mmap, os
+        f = open({str(path)!r}, "r+b"); m = mmap.mmap(f.fileno(), 4096)
+        a = ctypes.addressof(ctypes.c_char.from_buffer(m)) + 64
+        assert ctypes.CDLL(None).pthread_mutex_lock(ctypes.c_void_p(a)) == 0
+        os._exit(0)
+        """)], check=True, timeout=10)
+    got_it = threading.Event()
+
+    def waiter():
+        libc.pthread_mutex_lock(ctypes.c_void_p(addr))  # ctypes releases the GIL
+        got_it.set()
+        libc.pthread_mutex_unlock(ctypes.c_void_p(addr))
+
+    threading.Thread(target=waiter, daemon=True).start()
+    assert not got_it.wait(0.3), "the mutex should be stuck"
+    assert engine.repair_abandoned_mutexes(fake_id) == 1
+    assert got_it.wait(2.0), "the waiter was not released"
+    assert engine.repair_abandoned_mutexes(fake_id) == 0  # nothing left to repair
+    try:
+        mapping.close()
+    except BufferError:
+        pass
+    f.close()
+
+
+# -- ownership: close, SIGTERM, SIGKILL ------------------------------------------------------
+
+CHILD = textwrap.dedent("""\
+    import os, signal, sys, time
+    sys.path.insert(0, {repo!r})
+    from envs.registry import get_spec
+    from envs.doom import engine
+    if {foreign_handler!r}:
+        signal.signal(signal.SIGTERM, lambda *a: os._exit(3))  # a handler that closes nothing
+    env = get_spec("doom_battle").make(seed=0)
+    env.reset()
+    print(env.engine_pid, env.instance_id, engine.REAPER.pid, flush=True)
+    while True:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+""")
+
+
+@pytest.mark.parametrize("sig, foreign_handler", [
+    (signal.SIGTERM, False),  # our handler closes the game
+    (signal.SIGTERM, True),   # someone else's handler: the death signal and the reaper do it
+    (signal.SIGKILL, False),
+])
+def test_killed_owner_leaves_no_engine_and_no_segments(sig, foreign_handler):
+    before = set(os.listdir("/dev/shm"))
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=REPO, foreign_handler=foreign_handler)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline().split()
+        assert len(line) == 3, "the child did not start its game"
+        engine_pid, iid, reaper_pid = int(line[0]), line[1], int(line[2])
+        assert pid_alive(engine_pid) and len(leftovers(iid)) == 3 and pid_alive(reaper_pid)
+        time.sleep(0.3)  # let it step
+        child.send_signal(sig)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert_gone(engine_pid, iid, timeout=5.0)
+    assert wait_until(lambda: not pid_alive(reaper_pid), 5.0)
+    new = {n for n in set(os.listdir("/dev/shm")) - before if iid in n}
+    assert not new
+
+
+def test_close_leaves_nothing_and_is_idempotent():
+    env = make("doom_basic")
+    env.reset()
+    pid, iid = env.engine_pid, env.instance_id
+    env.close()
+    assert not pid_alive(pid) and not leftovers(iid)
+    env.close()
+    with pytest.raises(RuntimeError):
+        env.reset()
+
+
+def test_close_with_a_stopped_engine_does_not_hang():
+    env = make("doom_basic")
+    env.reset()
+    pid, iid = env.engine_pid, env.instance_id
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    env.close()
+    assert time.monotonic() - t0 < 3.0
+    assert_gone(pid, iid, timeout=2.0)
+
+
+def test_parent_death_signal_alone_kills_the_engine():
+    """With the reaper gone too, the kernel still ends the engine with its owner."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    assert engine.engine_launcher_path() is not None, "the launcher failed its self-test"
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=REPO, foreign_handler=False)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid, iid, reaper_pid = child.stdout.readline().split()
+        engine_pid, reaper_pid = int(engine_pid), int(reaper_pid)
+        with open(f"/proc/{engine_pid}/status") as f:
+            assert "Name:\tvizdoom" in f.read()  # the launcher exec'd the engine: same process
+        os.kill(reaper_pid, signal.SIGKILL)
+        assert wait_until(lambda: not pid_alive(reaper_pid), 2.0)
+        child.kill()
+        child.wait(timeout=10)
+        assert wait_until(lambda: not pid_alive(engine_pid), 2.0)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for name in shm_names(iid):  # without a reaper nobody unlinks them: expected here
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+def test_cleanup_stale_doom_shm(tmp_path):
+    def segment(iid, age):
+        for name in shm_names(iid):
+            path = tmp_path / name
+            path.write_bytes(b"\0" * 4096)
+            os.utime(path, (time.time() - age, time.time() - age))
+
+    segment("StaleOld01", age=60)    # nobody maps it, old: removed
+    segment("FreshNew01", age=0)     # may be a game being created: kept
+    segment("MappedOld1", age=60)    # a live process maps it: kept
+    (tmp_path / "unrelated.bin").write_bytes(b"x")
+    with open(tmp_path / "ViZDoomSMMappedOld1", "r+b") as f:
+        mapping = mmap.mmap(f.fileno(), 4096)
+        try:
+            removed = cleanup_stale_doom_shm(grace_s=10.0, shm_dir=str(tmp_path))
+        finally:
+            mapping.close()
+    assert sorted(removed) == sorted(shm_names("StaleOld01"))
+    left = set(os.listdir(tmp_path))
+    assert set(shm_names("FreshNew01")) <= left and set(shm_names("MappedOld1")) <= left
+    assert "unrelated.bin" in left
