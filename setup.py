@@ -8,6 +8,7 @@ EXTRAS = {
     "doom": ["vizdoom>=1.2", "opencv-python-headless>=4.8"],
     "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
     "wandb": ["wandb>=0.16"],
+    "plot": ["matplotlib>=3.5"],
     "dev": ["pytest>=7"],
 }
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})

@@ -1,0 +1,208 @@
+"""`python -m fastrl.enjoy --env ENV --experiment NAME`: watch a trained agent.
+
+Plays episodes with the experiment's policy in one process, prints each episode's
+return (and the env's true objective where it reports one), and with --save_video
+writes every rendered frame to an mp4.
+
+The model is rebuilt from the experiment's config.json, so it has the shape it was
+trained with whatever options this command gets; the env comes from --env, so the
+same policy can be watched on a variant of its training env with the same spaces.
+
+Video frames: one after each reset and one after each step, so an episode of L
+steps contributes L + 1 frames. Agent steps of frameskipping envs render only the
+last of their skipped frames.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+from fastrl.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, load_latest_checkpoint
+from fastrl.config import Config
+from fastrl.inference import build_model
+from fastrl.learner import checkpoint_dir
+from fastrl.model import obs_to_tensors
+
+DEFAULT_VIDEO_FPS = 30
+
+
+class EnjoyError(Exception):
+    """A bad request (missing experiment, checkpoint or env); the message says how to fix it."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fastrl.enjoy", description="Watch a trained agent play.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser.add_argument("--env", required=True, help="Environment to play, as given to fastrl.train.")
+    parser.add_argument("--experiment", default="", help="Experiment name (defaults to the env name, as in training).")
+    parser.add_argument("--train_dir", default="train_dir", help="Root folder of experiments.")
+    parser.add_argument("--episodes", type=int, default=3, help="Episodes to play.")
+    parser.add_argument("--save_video", default="", metavar="PATH.mp4", help="Write the rendered frames to this mp4.")
+    parser.add_argument("--checkpoint", default="latest",
+                        help="'latest' (newest periodic checkpoint), 'best' (best by evaluation) or a checkpoint path.")
+    parser.add_argument("--deterministic", action="store_true", help="Take the most likely action instead of sampling.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the first episode; episode i uses seed + i.")
+    return parser
+
+
+def load_experiment_config(experiment_dir: str) -> Config:
+    """The Config an experiment was trained with, from its config.json."""
+    path = os.path.join(experiment_dir, "config.json")
+    if not os.path.isfile(path):
+        raise EnjoyError(f"No experiment at {experiment_dir} (it has no config.json); "
+                         "check --experiment and --train_dir, or train it first with python -m fastrl.train.")
+    with open(path) as fh:
+        saved = json.load(fh)
+    # Options this version no longer knows are dropped: they cannot change the model
+    # this version builds, and refusing an older experiment over them helps no one.
+    known = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in saved.items() if k in known})
+
+
+def select_checkpoint(cfg: Config, which: str) -> tuple:
+    """(state, path) of the checkpoint named by --checkpoint: latest, best or a path."""
+    ckpt_dir = checkpoint_dir(cfg)
+    if which == "latest":
+        state, path = load_latest_checkpoint(ckpt_dir)
+        if state is None:
+            raise EnjoyError(f"Experiment {cfg.experiment_dir} has no usable checkpoint in {ckpt_dir}; "
+                             "train it longer (one is written at exit) or pass --checkpoint PATH.")
+        return state, path
+    path = os.path.join(ckpt_dir, BEST_NAME) if which == "best" else which
+    if which == "best" and not os.path.isfile(path):
+        raise EnjoyError(f"Experiment {cfg.experiment_dir} has no best checkpoint ({path}); it is written by "
+                         "evaluation during training (--eval_every_frames), or use --checkpoint latest.")
+    try:
+        return load_checkpoint(path), path
+    except CheckpointError as err:
+        raise EnjoyError(f"{err} Pass --checkpoint latest, best or the path of a valid checkpoint.") from None
+
+
+class VideoSink:
+    """Writes RGB frames to an mp4, opened at the first frame (whose size fixes the video's)."""
+
+    def __init__(self, path: str, fps: float):
+        try:
+            import cv2
+        except ImportError:
+            raise EnjoyError("--save_video needs OpenCV: pip install opencv-python-headless.") from None
+        self._cv2 = cv2
+        self.path, self.fps = path, fps
+        self._writer = None
+        self.frames = 0
+        self.size = None
+
+    def write(self, frame) -> None:
+        cv2 = self._cv2
+        if frame is None:
+            raise EnjoyError("The env returned no frame from render(); it cannot be recorded, so drop --save_video.")
+        if self._writer is None:
+            height, width = frame.shape[:2]
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._writer = cv2.VideoWriter(self.path, cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (width, height))
+            if not self._writer.isOpened():
+                raise EnjoyError(f"OpenCV cannot write the video {self.path}; give a writable path ending in .mp4.")
+            self.size = (width, height)
+        self._writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))  # gymnasium renders RGB, OpenCV writes BGR
+        self.frames += 1
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+
+
+@torch.no_grad()
+def play_episode(env, model, seed: int, deterministic: bool, video: Optional[VideoSink]) -> tuple:
+    """One episode with the policy: (return, length, true objective or None).
+
+    The GRU state starts at zero with the episode and is carried step to step, as in
+    training. The true objective is the one the env reports in its last step's info.
+    """
+    obs, _ = env.reset(seed=seed)
+    rnn_state = torch.zeros(1, model.rnn_state_size)
+    if video is not None:
+        video.write(env.render())
+    episode_return, length, info = 0.0, 0, {}
+    done = False
+    while not done:
+        batch = {k: v.unsqueeze(0) for k, v in obs_to_tensors(obs, env.observation_space).items()}
+        out = model.act(batch, rnn_state, deterministic=deterministic)
+        rnn_state = out.rnn_state
+        obs, reward, terminated, truncated, info = env.step(model.action_spec.to_env(out.actions[0].numpy()))
+        episode_return += float(reward)
+        length += 1
+        done = terminated or truncated
+        if video is not None:
+            video.write(env.render())
+    objective = info.get("true_objective")
+    return episode_return, length, None if objective is None else float(objective)
+
+
+def run(args) -> None:
+    from envs.registry import UnknownEnvError, get_spec
+    from fastrl.rollout_worker import env_options
+
+    if args.episodes < 1:
+        raise EnjoyError(f"--episodes is {args.episodes} but must be at least 1.")
+    experiment_dir = os.path.join(args.train_dir, args.experiment or args.env)
+    cfg = load_experiment_config(experiment_dir)
+    # The saved config's own train_dir/experiment may point elsewhere (a moved folder):
+    # the folder the user named is the one to read checkpoints from.
+    cfg = dataclasses.replace(cfg, train_dir=args.train_dir, experiment=args.experiment or args.env)
+    state, ckpt_path = select_checkpoint(cfg, args.checkpoint)
+    try:
+        spec = get_spec(args.env)
+    except UnknownEnvError as err:
+        raise EnjoyError(str(err)) from None
+    env = spec.make(seed=args.seed, render_mode="rgb_array", **env_options(cfg))
+    video = None
+    try:
+        model = build_model(cfg, env.observation_space, env.action_space)
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, KeyError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise EnjoyError(f"The checkpoint {ckpt_path} does not fit the model for {args.env} ({first}); "
+                             "play it on the env it was trained on.") from None
+        model.eval()
+        print(f"fastrl: playing {args.episodes} episode(s) of {args.env} with {ckpt_path}"
+              f" (policy version {state.get('version', '?')}, {state.get('env_frames', 0):,} env frames)", flush=True)
+        if args.save_video:
+            video = VideoSink(args.save_video, env.metadata.get("render_fps") or DEFAULT_VIDEO_FPS)
+        returns = []
+        for episode in tqdm(range(args.episodes), desc="episodes", unit="ep"):
+            ret, length, objective = play_episode(env, model, args.seed + episode, args.deterministic, video)
+            returns.append(ret)
+            line = f"episode {episode + 1}: return {ret:.2f}, length {length}"
+            if objective is not None:
+                line += f", true objective {objective:.2f}"
+            tqdm.write(line, file=sys.stdout)
+        print(f"mean return over {len(returns)} episode(s): {sum(returns) / len(returns):.2f}", flush=True)
+    finally:
+        if video is not None:
+            video.close()
+        env.close()
+    if video is not None:
+        print(f"video: {video.path} ({video.frames} frames, {video.size[0]}x{video.size[1]})", flush=True)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except EnjoyError as err:
+        print(f"fastrl.enjoy: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

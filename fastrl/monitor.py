@@ -1,0 +1,206 @@
+"""Where training metrics go: TensorBoard event files for every run, and a W&B run
+with --with_wandb.
+
+`scalars_from` turns what the runner watches (the stats board, the learner's loss
+stats, recent episode returns) into named scalars; it is pure, so the mapping is
+tested without processes. `Monitor` writes those scalars against env frames, the
+same x axis the status line and `--train_for_env_frames` use.
+
+Layout inside the experiment folder:
+    tb/                    TensorBoard event files (one per process that trained)
+    wandb_run_id.txt       the W&B run this experiment logs into, for resuming it
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+from fastrl.config import Config, ConfigError
+
+TB_SUBDIR = "tb"
+WANDB_ID_FILE = "wandb_run_id.txt"
+# The TensorBoard text plugin stores every string in full and renders each as its
+# own card, so one status line in ten keeps the page readable over a long run.
+# W&B gets every line: it is one more column of a row it writes anyway.
+STATUS_TEXT_EVERY = 10
+
+# Learner loss stats (names as the learner sends them) -> logged names.
+_LOSS_NAMES = {
+    "loss": "loss/total",
+    "policy_loss": "loss/policy",
+    "value_loss": "loss/value",
+    "entropy": "loss/entropy",
+    "approx_kl": "loss/approx_kl",
+    "clip_fraction": "loss/clip_fraction",
+    "explained_variance": "loss/explained_variance",
+    "advantage_mean": "loss/advantage_mean",
+    "grad_norm": "loss/grad_norm",
+    "lr": "loss/lr",
+    "learner_steps": "train/learner_steps",
+}
+# Board row-name prefixes -> the component name used in perf/ scalars.
+_COMPONENTS = {"learner": "learner", "policy_": "policy_worker", "rollout_": "rollout_worker"}
+
+
+def _mean(values) -> Optional[float]:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, elapsed: float,
+                 window: tuple) -> dict:
+    """The scalars of one report, named "group/measure".
+
+    board: the run's StatsBoard (rows "learner", "policy_<i>", "rollout_<i>").
+    metrics: the learner's latest loss stats (policy_loss, value_loss, entropy, ...).
+    returns, objectives: the last (up to 100) episode returns and true objectives.
+    episodes: episodes finished in this run.
+    elapsed: seconds since this run started (the board's counters start with it).
+    window: (seconds, env frames, samples trained) at the previous report, the same
+        tuple the runner's status line takes; rates are measured over it, so they
+        say how fast the run goes now rather than on average.
+
+    Values that are missing or not finite (no episode finished yet, an explained
+    variance undefined for constant targets) are left out rather than logged as
+    NaN, which would break a curve into gaps in both dashboards.
+    """
+    t0, frames0, trained0 = window
+    dt = max(elapsed - t0, 1e-9)
+    frames = board.total("env_frames", "rollout_")
+    trained = board.get("learner", "samples_trained")
+    received = board.get("learner", "samples_received")
+    out = {
+        "train/fps": (frames - frames0) / dt,
+        "perf/samples_trained_per_s": (trained - trained0) / dt,
+        "train/episodes": float(episodes),
+        "train/return_mean_100": _mean(returns),
+        "train/true_objective_100": _mean(objectives),
+        "lag/min": board.get("learner", "lag_min"),
+        "lag/mean": board.get("learner", "lag_mean"),
+        "lag/max": board.get("learner", "lag_max"),
+        "lag/p90": board.get("learner", "lag_p90"),
+        # Staleness past --max_policy_lag: the share of received samples the learner threw away.
+        "lag/dropped_fraction": board.get("learner", "samples_dropped") / received if received else None,
+        "perf/env_restarts": board.total("env_restarts"),
+        "perf/nonfinite_skips": board.get("learner", "nonfinite_skips"),
+    }
+    for key, name in _LOSS_NAMES.items():
+        if key in metrics:
+            out[name] = float(metrics[key])
+    # Busy/wait/comm as a share of this run's wall time, averaged over the component's
+    # processes: the measure that points at the bottleneck (a learner near 1.0 busy
+    # with rollout workers waiting means the learner limits the run, and vice versa).
+    for prefix, component in _COMPONENTS.items():
+        rows = board.rows_with(prefix)
+        if rows and elapsed > 0:
+            for field in ("busy_s", "wait_s", "comm_s"):
+                share = board.total(field, prefix) / len(rows) / elapsed
+                out[f"perf/{component}_{field[:-2]}_fraction"] = share
+    return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+def _import_wandb():
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("--with_wandb needs wandb: pip install wandb (or pass --with_wandb false).") from None
+    return wandb
+
+
+class Monitor:
+    """Writes one experiment's scalars to TensorBoard and, with cfg.with_wandb, to W&B.
+
+    Args:
+        cfg: the run's Config (W&B project, entity, group, tags; the whole config is
+            logged to W&B).
+        experiment_dir: the experiment folder; event files go to <experiment_dir>/tb.
+        resume_frames: env frames of the checkpoint this run resumes from; 0 for a
+            fresh start. TensorBoard hides older events at or past it (they belong to
+            training the checkpoint does not hold), and a resumed run continues the
+            W&B run named in <experiment_dir>/wandb_run_id.txt while a fresh start
+            opens a new one.
+
+    Raises ConfigError when --with_wandb is set but wandb is not installed or
+    cannot start a run (not logged in, no network).
+    """
+
+    def __init__(self, cfg: Config, experiment_dir: str, resume_frames: int = 0):
+        os.makedirs(experiment_dir, exist_ok=True)
+        self._wandb_run = self._open_wandb(cfg, experiment_dir, resume_frames) if cfg.with_wandb else None
+        # Imported here, not at the top: tensorboard costs a second or more of import
+        # time, which a run refused for a bad config (before any Monitor exists)
+        # should not pay.
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb = SummaryWriter(os.path.join(experiment_dir, TB_SUBDIR), purge_step=int(resume_frames))
+        self._status_lines = 0
+
+    @staticmethod
+    def _open_wandb(cfg: Config, experiment_dir: str, resume_frames: int):
+        wandb = _import_wandb()
+        id_path = os.path.join(experiment_dir, WANDB_ID_FILE)
+        run_id = None
+        if resume_frames > 0 and os.path.isfile(id_path):
+            with open(id_path) as fh:
+                run_id = fh.read().strip() or None
+        init = dict(
+            project=cfg.wandb_project,
+            entity=cfg.wandb_entity or None,
+            group=cfg.wandb_group or None,
+            tags=[t.strip() for t in cfg.wandb_tags.split(",") if t.strip()] or None,
+            name=os.path.basename(os.path.normpath(experiment_dir)),
+            config=cfg.to_dict(),
+            id=run_id,
+            resume="allow",
+            # The run's files live with the experiment unless the user chose a place
+            # for all W&B files with WANDB_DIR.
+            dir=None if os.environ.get("WANDB_DIR") else experiment_dir,
+        )
+        try:
+            run = wandb.init(**init)
+        except Exception as err:  # noqa: BLE001 - wandb raises many types (no login, no network, bad entity)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"W&B could not start a run ({first}); run `wandb login`, set WANDB_MODE=offline, "
+                              "or drop --with_wandb.") from err
+        if run.id != run_id:
+            with open(id_path, "w") as fh:
+                fh.write(run.id + "\n")
+        # Env frames as an ordinary metric and the x axis of every chart, instead of
+        # W&B's own step: its step must only grow, so a run resumed from a checkpoint
+        # older than its last report would have its first reports silently dropped.
+        run.define_metric("env_frames")
+        run.define_metric("*", step_metric="env_frames")
+        return run
+
+    def log(self, env_frames: int, wall_seconds: float, scalars: dict, status: Optional[str] = None) -> None:
+        """Record `scalars` (name -> float, as from scalars_from) at `env_frames`.
+
+        wall_seconds (the run's training time so far) is logged as time/wall_seconds.
+        status, the console status line, goes to W&B as a "status" column and to
+        TensorBoard as text every STATUS_TEXT_EVERY-th time.
+        """
+        step = int(env_frames)
+        row = dict(scalars)
+        row["time/wall_seconds"] = float(wall_seconds)
+        for name, value in row.items():
+            self._tb.add_scalar(name, value, step)
+        if status is not None:
+            if self._status_lines % STATUS_TEXT_EVERY == 0:
+                self._tb.add_text("status", status, step)
+            self._status_lines += 1
+        # Flushing every report (seconds apart) costs one small write and means a
+        # killed run loses nothing it printed.
+        self._tb.flush()
+        if self._wandb_run is not None:
+            if status is not None:
+                row["status"] = status
+            row["env_frames"] = step
+            self._wandb_run.log(row)
+
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and close everything; a non-zero exit_code marks the W&B run failed."""
+        self._tb.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish(exit_code=exit_code)
+            self._wandb_run = None

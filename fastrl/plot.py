@@ -1,0 +1,102 @@
+"""`python -m fastrl.plot EXP_DIR [EXP_DIR...] --out curves.png`: compare runs
+without a dashboard.
+
+Reads each experiment's TensorBoard events (<EXP_DIR>/tb, written by every run) and
+draws one metric, by default the mean return of the last 100 episodes, against env
+frames (left) and against wall time (right), one line per run.
+
+Wall time is measured from each run's first event, as TensorBoard's "relative"
+axis does; a resumed run therefore includes the time it was stopped, visible as a
+flat stretch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from typing import List, NamedTuple
+
+DEFAULT_METRIC = "train/return_mean_100"
+
+
+class PlotError(Exception):
+    """An experiment that cannot be plotted; the message says which and why."""
+
+
+class Curve(NamedTuple):
+    label: str
+    frames: List[int]
+    seconds: List[float]
+    values: List[float]
+
+
+def read_curve(exp_dir: str, metric: str = DEFAULT_METRIC) -> Curve:
+    """One run's `metric` from <exp_dir>/tb: env frames, seconds since its first event, values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb_dir = os.path.join(exp_dir, "tb")
+    if not os.path.isdir(tb_dir):
+        raise PlotError(f"{exp_dir} has no TensorBoard folder {tb_dir}; give the folder of an experiment that trained.")
+    acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})  # 0 = keep every point, not a sample
+    acc.Reload()
+    if metric not in acc.Tags().get("scalars", []):
+        raise PlotError(f"{exp_dir} has no '{metric}' values yet (no episode finished, or another --metric is meant).")
+    events = acc.Scalars(metric)
+    t0 = events[0].wall_time
+    return Curve(label=os.path.basename(os.path.normpath(exp_dir)) or exp_dir,
+                 frames=[e.step for e in events], seconds=[e.wall_time - t0 for e in events],
+                 values=[e.value for e in events])
+
+
+def draw(curves: List[Curve], out: str, metric: str = DEFAULT_METRIC) -> None:
+    """Save a two-panel figure (metric vs env frames, metric vs wall time) to `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works on headless machines, no display needed
+    import matplotlib.pyplot as plt
+
+    fig, (by_frames, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    longest = max(max(c.seconds) for c in curves)
+    unit, scale = ("h", 3600.0) if longest > 3 * 3600 else ("min", 60.0) if longest > 180 else ("s", 1.0)
+    for curve in curves:
+        by_frames.plot(curve.frames, curve.values, label=curve.label)
+        by_time.plot([s / scale for s in curve.seconds], curve.values, label=curve.label)
+    by_frames.set_xlabel("env frames")
+    by_time.set_xlabel(f"wall time ({unit})")
+    by_frames.set_ylabel(metric)
+    for ax in (by_frames, by_time):
+        ax.grid(alpha=0.3)
+    by_frames.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    directory = os.path.dirname(os.path.abspath(out))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastrl.plot", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
+    parser.add_argument("experiments", nargs="+", metavar="EXP_DIR", help="Experiment folders (<train_dir>/<name>).")
+    parser.add_argument("--out", default="curves.png", help="Image to write (png, pdf or svg by extension).")
+    parser.add_argument("--metric", default=DEFAULT_METRIC, help="Scalar to plot, as named in TensorBoard.")
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("matplotlib") is None:  # checked before reading any events
+        print("fastrl.plot: error: plotting needs matplotlib: pip install matplotlib (or fastrl[plot]).", file=sys.stderr)
+        return 2
+    try:
+        curves = [read_curve(exp, args.metric) for exp in args.experiments]
+    except PlotError as err:
+        print(f"fastrl.plot: error: {err}", file=sys.stderr)
+        return 2
+    labels = [c.label for c in curves]
+    if len(set(labels)) < len(labels):  # same name in different train dirs: tell them apart by path
+        curves = [c._replace(label=exp) for c, exp in zip(curves, args.experiments)]
+    draw(curves, args.out, args.metric)
+    print(f"fastrl.plot: wrote {args.out} ({len(curves)} run(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
