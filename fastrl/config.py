@@ -34,8 +34,8 @@ class Config:
     device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
 
     # --- processes --------------------------------------------------------------------
-    num_workers: int = _opt(2, "Rollout worker processes, each stepping its own envs.")
-    num_envs_per_worker: int = _opt(16, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering).")
+    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs.")
+    num_envs_per_worker: int = _opt(32, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering).")
     inference: str = _opt(
         "local",
         "Where actions are computed: 'local' runs the model inside each rollout worker on its own envs (no round trip, best on few CPU cores); "
@@ -50,9 +50,9 @@ class Config:
     # --- algorithm: APPO ----------------------------------------------------------------
     rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.")
     batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split.")
-    ppo_epochs: int = _opt(1, "Passes over each batch.")
-    num_minibatches: int = _opt(1, "Gradient steps per pass; the batch's env trajectories are split evenly among them.")
-    lr: float = _opt(3e-4, "Adam learning rate.")
+    ppo_epochs: int = _opt(2, "Passes over each batch.")
+    num_minibatches: int = _opt(4, "Gradient steps per pass; the batch's env trajectories are split evenly among them.")
+    lr: float = _opt(1e-3, "Adam learning rate.")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
     gamma: float = _opt(0.99, "Discount factor.")
     rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
@@ -79,7 +79,7 @@ class Config:
 
     # --- when to stop -------------------------------------------------------------------
     train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.")
-    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time; 0 = no limit.")
+    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time since the command started; 0 = no limit.")
     stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.")
 
     # --- monitoring -----------------------------------------------------------------------
@@ -186,6 +186,17 @@ def validate(cfg: Config) -> None:
     if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
         raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
     _check_writable(cfg.train_dir)
+
+
+def check_env_and_options(cfg: Config):
+    """validate() plus the env name, without importing torch; returns the EnvSpec."""
+    validate(cfg)
+    from envs.registry import UnknownEnvError, get_spec
+
+    try:
+        return get_spec(cfg.env)
+    except UnknownEnvError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_writable(path: str) -> None:

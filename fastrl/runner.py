@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import faster_fifo
+import psutil
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
 import torch
-import torch.multiprocessing as tmp
+import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
-from envs.registry import UnknownEnvError, get_spec
 from fastrl.buffers import TrajectoryBuffers
 from fastrl.checkpoint import load_latest_checkpoint
-from fastrl.config import Config, ConfigError, save_config, validate
+from fastrl.config import Config, ConfigError, check_env_and_options, save_config
 from fastrl.distributions import ActionSpec
 from fastrl.inference import build_model
 from fastrl.learner import checkpoint_dir, learner_main
@@ -30,8 +30,9 @@ from fastrl.model import flat_state, flat_state_size, obs_layout
 from fastrl.monitor import Monitor, scalars_from
 from fastrl.params import SharedParams
 from fastrl.policy_worker import policy_worker_main
-from fastrl.proc import run_child
+from fastrl.proc import run_child, start_process_server
 from fastrl.rollout_worker import env_options, rollout_worker_main
+from fastrl.sink import sink_main
 from fastrl.stats_board import StatsBoard
 
 JOIN_TIMEOUT_S = 10.0
@@ -82,11 +83,7 @@ def probe_spaces(cfg: Config, spec):
 def prepare_experiment(cfg: Config):
     """Everything that can refuse the run, done before any process starts.
     Returns (spec, obs_space, action_space, model, checkpoint_state, checkpoint_path)."""
-    validate(cfg)
-    try:
-        spec = get_spec(cfg.env)
-    except UnknownEnvError as err:
-        raise ConfigError(str(err)) from None
+    spec = check_env_and_options(cfg)
     if cfg.restart and os.path.isdir(checkpoint_dir(cfg)):
         shutil.rmtree(checkpoint_dir(cfg))
     state, path = (None, None) if cfg.restart else load_latest_checkpoint(checkpoint_dir(cfg))
@@ -109,15 +106,19 @@ def prepare_experiment(cfg: Config):
 
 
 class Runner:
-    def __init__(self, cfg: Config):
+    """learn=False swaps the learner for a sink that frees trajectories untouched,
+    to measure the sampling system alone."""
+
+    def __init__(self, cfg: Config, learn: bool = True):
         self.cfg = cfg
+        self.learn = learn
         self.spec, self.obs_space, self.action_space, model, state, self.resume_path = prepare_experiment(cfg)
         os.makedirs(cfg.experiment_dir, exist_ok=True)
         save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
         self.device = resolve_device(cfg)
         self.version0 = int(state["version"]) if state else 0
         self.frames_offset = int(state.get("env_frames", 0)) if state else 0
-        self.mp = tmp.get_context("spawn")
+        self.mp = start_process_server()  # torch.multiprocessing is imported: tensors pickle as shared memory
         self.ctx = self._build_context(model)
         self.processes: list = []
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
@@ -164,7 +165,10 @@ class Runner:
 
     def start(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset)
+        if self.learn:
+            self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset)
+        else:
+            self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
             self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
         for i in range(cfg.num_workers):
@@ -254,10 +258,15 @@ class Runner:
             line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
         return line
 
-    def run(self) -> int:
+    def run(self, observer=None) -> int:
+        """Train until a stop condition, a failure or a signal; return the exit code.
+        `observer(runner, elapsed_seconds)`, if given, is called at every poll
+        (the bench uses it to take its measurement windows)."""
         cfg = self.cfg
-        monitor = Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset)  # before the clock: W&B takes seconds
-        start = time.time()
+        monitor = Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset)
+        # Times count from the command's launch, so that a reported time to a score
+        # includes the start-up a user waits through, not just the training loop.
+        start = psutil.Process().create_time()
         exit_code, reason = 0, None
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -281,6 +290,8 @@ class Runner:
                     print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
                     exit_code, reason = 1, failure.splitlines()[0]
                     break
+                if observer is not None:
+                    observer(self, elapsed)
                 reason = self._should_stop(elapsed)
                 if reason or elapsed - last_status >= cfg.status_every_seconds:
                     line = self.status_line(elapsed, window)

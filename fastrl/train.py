@@ -3,22 +3,25 @@ from __future__ import annotations
 
 import sys
 
-from fastrl.config import ConfigError, parse_args
+from fastrl.config import ConfigError, check_env_and_options, parse_args
 
 
 def main(argv=None) -> int:
     cfg, _ = parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
-    from fastrl.runner import Runner
-
     try:
-        runner = Runner(cfg)
-    except ConfigError as err:
+        check_env_and_options(cfg)  # cheap checks first, so that bad input starts no process at all
+        from fastrl.proc import start_process_server
+
+        start_process_server()  # its imports then overlap the runner's own
+        import torch
+
+        torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
+        from fastrl.runner import Runner
+
+        return Runner(cfg).run()
+    except ConfigError as err:  # raised before any worker starts (the monitor opens first)
         print(f"fastrl: error: {err}", file=sys.stderr)
         return 2
-    return runner.run()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_unknown_option_suggests_the_closest(capsys):
     ({"num_envs_per_worker": -2}, "--num_envs_per_worker is -2"),
     ({"rollout": 32, "num_envs_per_worker": 16, "batch_size": 1000}, "use 512 or 1024"),
     ({"inference": "policy_worker", "num_envs_per_worker": 7}, "must be even"),
-    ({"num_buffers": 2}, "can never fill a batch"),
+    ({"num_buffers": 1}, "can never fill a batch"),
     ({"hidden_sizes": "64,x"}, "--hidden_sizes"),
     ({"gamma": 1.5}, "--gamma"),
 ])

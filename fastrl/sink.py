@@ -1,0 +1,23 @@
+"""A consumer that frees trajectories without learning: the sampling system's
+throughput measured alone (bench --mode sample). It stands in the learner's row
+of the stats board, so every report reads the same counters."""
+from __future__ import annotations
+
+from fastrl.stats_board import Timer
+
+QUEUE_TIMEOUT_S = 0.1
+
+
+def sink_main(cfg, ctx) -> None:
+    row = ctx.board.row("learner")
+    timer = Timer(row)
+    while not ctx.stop.is_set():
+        row.beat()
+        with timer("wait_s"):
+            try:
+                indices = ctx.traj_queue.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
+            except Exception:  # faster_fifo.Empty
+                continue
+        with timer("comm_s"):
+            ctx.free_queue.put_many(indices, block=True, timeout=10.0)
+        row.add("samples_received", len(indices) * cfg.samples_per_buffer)
