@@ -1,0 +1,109 @@
+"""The trainer as a user runs it: `python -m fastrl.train`, real envs, real processes."""
+import os
+import signal
+
+import pytest
+
+from fastrl.checkpoint import load_latest_checkpoint
+from helpers import TrainRun, read_summary
+
+# Small and quick on CPU, and what the tuned CartPole defaults look like.
+FAST = ["--env", "CartPole-v1", "--status_every_seconds", "1"]
+
+
+def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path):
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--stop_at_reward", "195",
+                    "--train_for_env_frames", "3000000"])
+    assert run.wait(timeout=150) == 0, run.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["reached_reward_at_seconds"] is not None, run.output()
+    assert summary["mean_return_100"] >= 195
+    assert summary["episodes"] >= 100
+    assert summary["env_frames"] > 0 and summary["fps"] > 0
+    assert set(summary) >= {"env_frames", "wall_seconds", "fps", "mean_return_100", "episodes",
+                            "reached_reward_at_seconds"}
+    assert len(run.descendants) >= 3, "expected a learner and rollout workers to have been seen"
+    assert run.leftover_processes() == []
+    assert run.new_shm_entries() == set()
+    assert os.path.isfile(tmp_path / "CartPole-v1" / "config.json")
+
+
+def test_ctrl_c_stops_quickly_with_a_loadable_checkpoint(tmp_path):
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--experiment", "interrupted"])
+    run.wait_for_line(lambda line: "trained" in line and " 0 samples/s" not in line, timeout=90)
+    run.signal_group(signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group gets it
+    code = run.wait(timeout=15)
+    assert code == 128 + signal.SIGINT, run.output()
+    state, path = load_latest_checkpoint(str(tmp_path / "interrupted" / "checkpoints"))
+    assert state is not None and state["version"] > 0 and state["env_frames"] > 0
+    assert run.leftover_processes() == []
+    assert run.new_shm_entries() == set()
+    assert "stopped by SIGINT" in run.output()
+
+
+def test_sigterm_to_the_runner_stops_everything(tmp_path):
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--inference", "policy_worker"])
+    run.wait_for_line(lambda line: line.startswith("[") and "frames" in line, timeout=90)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait(timeout=15) == 128 + signal.SIGTERM, run.output()
+    assert run.leftover_processes() == []
+    assert run.new_shm_entries() == set()
+
+
+def test_resume_continues_frames_version_and_optimizer(tmp_path):
+    first = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "40000"])
+    assert first.wait(timeout=90) == 0, first.output()
+    state1, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
+    assert state1["optimizer"]["state"], "the optimizer state must be saved"
+
+    second = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "80000"])
+    assert second.wait(timeout=90) == 0, second.output()
+    state2, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert state2["version"] > state1["version"]
+    assert state2["env_frames"] >= 80000 > state1["env_frames"]
+    assert summary["env_frames"] - summary["env_frames_this_run"] == state1["env_frames"]
+    # The second run began with the first run's Adam moments, so its step count carried on.
+    step1 = max(int(s["step"]) for s in state1["optimizer"]["state"].values())
+    step2 = max(int(s["step"]) for s in state2["optimizer"]["state"].values())
+    assert step2 > step1
+
+    third = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "20000", "--restart"])
+    assert third.wait(timeout=90) == 0, third.output()
+    state3, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
+    assert state3["env_frames"] < 80000
+
+
+def test_any_gymnasium_env_with_box_actions_trains(tmp_path):
+    run = TrainRun(["--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "20000",
+                    "--num_workers", "1", "--use_rnn", "--rnn_size", "32"])
+    assert run.wait(timeout=90) == 0, run.output()
+    summary = read_summary(tmp_path, "Pendulum-v1")
+    assert summary["env_frames"] >= 20000 and summary["episodes"] > 0
+    assert summary["samples_trained"] > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--env", "CartPol-v1"], "CartPole-v1"),
+    (["--env", "CartPole-v1", "--num_workers", "0"], "--num_workers is 0"),
+    (["--env", "CartPole-v1", "--batch_size", "1000"], "not a multiple"),
+    (["--env", "CartPole-v1", "--num_workres", "2"], "Did you mean --num_workers?"),
+])
+def test_bad_input_is_one_sentence_and_nonzero_before_any_process(tmp_path, args, words):
+    run = TrainRun([*args, "--train_dir", str(tmp_path)])
+    assert run.wait(timeout=60) == 2
+    assert words in run.output()
+    assert "Traceback" not in run.output()
+    assert run.descendants == set()
+    assert not os.path.exists(tmp_path / "CartPole-v1" / "config.json")
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused(tmp_path):
+    first = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "5000"])
+    assert first.wait(timeout=90) == 0, first.output()
+    second = TrainRun([*FAST, "--train_dir", str(tmp_path), "--hidden_sizes", "32"])
+    assert second.wait(timeout=60) == 2
+    assert "does not fit this model" in second.output() and "--restart" in second.output()
+    assert second.worker_titles() == []
+    # the first run's checkpoint is untouched
+    assert load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))[0] is not None
