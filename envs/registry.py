@@ -5,7 +5,8 @@
     frames = steps * spec.frameskip         # env frames per agent step
 
 Names: fastrl's Doom scenarios first (doom_battle, doom_basic, ..., doom_custom;
-see envs/doom/scenarios.py), then any id in gymnasium's registry. An unknown
+see envs/doom/scenarios.py), then atari_<game> for every ALE game (atari_pong,
+atari_breakout, ...; see envs/atari.py), then any id in gymnasium's registry. An unknown
 name raises UnknownEnvError (a ValueError) with one sentence and a suggestion.
 
 Options (`**options` of make; the trainer passes the same set to every env):
@@ -18,6 +19,8 @@ Options (`**options` of make; the trainer passes the same set to every env):
     doom_num_bots=N          bots in doom_deathmatch (default 6).
     doom_hang_timeout=S      seconds an engine call may take before the engine is
                              declared hung and restarted (default 20).
+    atari_sticky_actions=True   repeat the last action with probability 0.25 per frame.
+    atari_episodic_life=False   an episode is a full game, not one life (evaluation).
 Other options are ignored, so a trainer can pass Doom options to CartPole.
 """
 from __future__ import annotations
@@ -86,10 +89,20 @@ def _module_spec(name: str) -> EnvSpec:
     return replace(_gymnasium_spec(env_id), name=name)
 
 
+def _atari_spec(name: str) -> EnvSpec:
+    from envs import atari
+
+    def make(seed: int | None = None, **options) -> gymnasium.Env:
+        return atari.make_atari_env(name, seed, **options)
+
+    return EnvSpec(name=name, make=make, frameskip=atari.FRAMESKIP, description=atari.describe(name))
+
+
 def fastrl_env_names() -> list:
+    from envs.atari import atari_env_names
     from envs.doom.scenarios import SCENARIOS
 
-    return list(SCENARIOS)
+    return list(SCENARIOS) + list(atari_env_names())
 
 
 def known_env_names() -> list:
@@ -98,8 +111,13 @@ def known_env_names() -> list:
 
 
 def get_spec(name: str) -> EnvSpec:
-    if name in fastrl_env_names():
+    from envs.atari import PREFIX, atari_env_names
+    from envs.doom.scenarios import SCENARIOS
+
+    if name in SCENARIOS:
         return _doom_spec(name)
+    if name.startswith(PREFIX) and name in atari_env_names():
+        return _atari_spec(name)
     if ":" in name:
         return _module_spec(name)
     if name in gymnasium.registry:
@@ -116,5 +134,7 @@ def _unknown_message(name: str) -> str:
         guess = [folded[g] for g in guess]
     if guess:
         return f"Unknown env {name!r}: did you mean {guess[0]!r}?"
-    return (f"Unknown env {name!r}: it is neither a fastrl env ({', '.join(fastrl_env_names())}) "
-            "nor a registered gymnasium id.")
+    from envs.doom.scenarios import SCENARIOS
+
+    return (f"Unknown env {name!r}: it is neither a fastrl env ({', '.join(SCENARIOS)}, atari_<game> "
+            "like atari_pong) nor a registered gymnasium id.")
