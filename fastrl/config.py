@@ -26,7 +26,8 @@ def _opt(default, help: str, **extra):
 @dataclass
 class Config:
     # --- what to train and where it goes -------------------------------------------
-    env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...) or any gymnasium id (CartPole-v1).")
+    env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...) or any gymnasium id (CartPole-v1). "
+                        "doom_* and atari_* envs change the defaults of options you do not set (fastrl/presets.py).")
     experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.")
     train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).")
     restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).")
@@ -55,6 +56,7 @@ class Config:
     lr: float = _opt(1e-3, "Adam learning rate.")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
     gamma: float = _opt(0.99, "Discount factor.")
+    reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); keeps value targets near 1.")
     rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
@@ -76,6 +78,8 @@ class Config:
     # --- env options --------------------------------------------------------------------
     doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
     doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
+    atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
+    atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 
     # --- when to stop -------------------------------------------------------------------
     train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.")
@@ -88,6 +92,11 @@ class Config:
     wandb_entity: str = _opt("", "W&B user or team that owns the project (empty = your default entity).")
     wandb_group: str = _opt("", "W&B group, to show several runs of one study together (empty = none).")
     wandb_tags: str = _opt("", "W&B tags, comma separated, like cartpole,baseline.")
+
+    # --- evaluation ----------------------------------------------------------------------
+    eval_every_frames: int = _opt(0, "Every this many env frames, play --eval_episodes full episodes with the deterministic policy "
+                                  "in a separate process, report eval/return and keep the best checkpoint; 0 = no evaluation.")
+    eval_episodes: int = _opt(5, "Episodes per evaluation (its cost: this many episodes per --eval_every_frames frames).")
 
     # --- bookkeeping ----------------------------------------------------------------------
     checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
@@ -136,14 +145,14 @@ def validate(cfg: Config) -> None:
     if not cfg.env:
         raise ConfigError("No environment given: pass --env, for example --env CartPole-v1 or --env doom_battle.")
     for name in ("num_workers", "num_envs_per_worker", "num_policy_workers", "torch_threads", "rollout",
-                 "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size"):
+                 "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size", "eval_episodes"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be a positive whole number.")
     for name in ("lr", "status_every_seconds", "checkpoint_every_seconds"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef",
-                 "inference_batch_wait_ms", "max_policy_lag"):
+                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
     if not 0.0 <= cfg.gamma <= 1.0:
@@ -268,9 +277,20 @@ def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> t
         hint = f" Did you mean {guess[0]}?" if guess else " Run with --help to list the options."
         parser.exit(2, f"{parser.prog}: error: unknown option {bad}.{hint}\n")
     names = {f.name for f in dataclasses.fields(Config)}
-    cfg = Config(**{k: v for k, v in vars(args).items() if k in names})
+    explicit = _explicit_options(argv, parser) & names
+    values = {k: v for k, v in vars(args).items() if k in names}
+    from fastrl.presets import preset_for
+
+    values.update({k: v for k, v in preset_for(values["env"]).items() if k not in explicit})
+    cfg = Config(**values)
     extra = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in names})
+    extra.explicit = explicit  # the options the user gave; planners and presets keep them
     return cfg, extra
+
+
+def _explicit_options(argv: list, parser: argparse.ArgumentParser) -> set:
+    flags = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    return {flags[token.split("=", 1)[0]] for token in argv if token.split("=", 1)[0] in flags}
 
 
 def save_config(cfg: Config, path: str) -> None:

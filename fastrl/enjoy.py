@@ -162,7 +162,8 @@ def run(args) -> None:
         spec = get_spec(args.env)
     except UnknownEnvError as err:
         raise EnjoyError(str(err)) from None
-    env = spec.make(seed=args.seed, render_mode="rgb_array", **env_options(cfg))
+    # Episodes are full games: an Atari life lost ends only the learner's episode.
+    env = spec.make(seed=args.seed, render_mode="rgb_array", **{**env_options(cfg), "atari_episodic_life": False})
     video = None
     try:
         model = build_model(cfg, env.observation_space, env.action_space)

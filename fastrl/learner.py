@@ -3,6 +3,7 @@ shared memory (freeing those buffers at once), trains on it with the APPO loss,
 and publishes the new parameters with a version. Owns the checkpoints."""
 from __future__ import annotations
 
+import queue
 import math
 import os
 import time
@@ -67,7 +68,7 @@ class Learner:
                         pending += ctx.traj_queue.get_many(
                             block=True, timeout=QUEUE_TIMEOUT_S,
                             max_messages_to_get=cfg.buffers_per_batch - len(pending))
-                    except Exception:  # faster_fifo.Empty
+                    except queue.Empty:
                         continue
                 if len(pending) < cfg.buffers_per_batch:
                     continue
@@ -117,7 +118,7 @@ class Learner:
         v_final = self._final_values(mb, ev)
         out = appo_loss(
             logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
-            r_t=mb["rewards"], terminated_t=mb["terminated"].float(), truncated_t=mb["truncated"].float(),
+            r_t=mb["rewards"] * cfg.reward_scale, terminated_t=mb["terminated"].float(), truncated_t=mb["truncated"].float(),
             v_final_t=v_final, entropy_t=ev.entropy, valid_t=valid,
             gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
             value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
@@ -175,7 +176,7 @@ class Learner:
                        learner_steps=self.version)
         try:
             self.ctx.metrics_queue.put(metrics, block=False)
-        except Exception:
+        except queue.Full:
             pass  # metrics are a report, never a reason to stall training
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -3,6 +3,7 @@ batched forward over their observations (read in place from the trajectory
 buffers), writes actions back, and tells each rollout worker its split is ready."""
 from __future__ import annotations
 
+import queue
 import time
 
 import torch
@@ -25,7 +26,7 @@ def policy_worker_main(cfg, index: int, ctx, device: str) -> None:
         with timer("wait_s"):
             try:
                 requests = ctx.request_queue.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
-            except Exception:  # faster_fifo.Empty
+            except queue.Empty:
                 continue
             if wait_s > 0:
                 # A short wait buys a bigger batch: worth it when a forward's fixed cost
@@ -33,7 +34,7 @@ def policy_worker_main(cfg, index: int, ctx, device: str) -> None:
                 time.sleep(wait_s)
                 try:
                     requests += ctx.request_queue.get_many(block=False)
-                except Exception:
+                except queue.Empty:
                     pass
         with timer("comm_s"):
             obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}

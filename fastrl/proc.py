@@ -11,7 +11,8 @@ import traceback
 _PR_SET_PDEATHSIG = 1
 
 # What the process server imports once, before it forks any child.
-_PRELOAD = ["torch", "fastrl.rollout_worker", "fastrl.learner", "fastrl.policy_worker", "fastrl.sink"]
+_PRELOAD = ["torch", "fastrl.rollout_worker", "fastrl.learner", "fastrl.policy_worker", "fastrl.sink",
+            "fastrl.evaluator"]
 
 
 def start_process_server():
@@ -32,11 +33,15 @@ def start_process_server():
     return multiprocessing.get_context("forkserver")
 
 
-class Interrupted(Exception):
-    """Raised inside a child when it is told to stop by a signal."""
+class Interrupted(BaseException):
+    """Raised inside a child when it is told to stop by a signal. A BaseException,
+    like KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
 
 
 def _raise_interrupted(signum, frame):
+    # Once: a second SIGTERM (the parent-death signal arriving after the runner
+    # watch's) must not cut short the cleanup the first one started.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Interrupted(f"signal {signum}")
 
 
@@ -53,6 +58,31 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         return
     if os.getppid() == 1:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def die_with_runner() -> None:
+    """SIGTERM this process when the runner dies, however it dies (even SIGKILL).
+
+    The parent-death signal alone is not enough: a forkserver child's parent is
+    the forkserver, and the forkserver outlives the runner for as long as any
+    child lives (each child holds a copy of the pipe whose closing would tell
+    it the runner is gone). The runner's own sentinel, which multiprocessing
+    gives every child, closes exactly when the runner dies; one blocked thread
+    waits on it and costs nothing until then.
+    """
+    import multiprocessing
+    import multiprocessing.connection
+    import threading
+
+    runner = multiprocessing.parent_process()
+    if runner is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([runner.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="runner-watch", daemon=True).start()
 
 
 def init_child(name: str, torch_threads: int) -> None:
@@ -72,6 +102,7 @@ def init_child(name: str, torch_threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     set_parent_death_signal(signal.SIGTERM)
+    die_with_runner()
     import torch
 
     torch.set_num_threads(torch_threads)

@@ -4,6 +4,7 @@ with `--inference policy_worker` it asks the policy workers for actions and
 steps its other env split while they compute (double buffering)."""
 from __future__ import annotations
 
+import queue
 import time
 
 import torch
@@ -23,6 +24,10 @@ def env_options(cfg) -> dict:
         options["doom_scenario"] = cfg.doom_scenario
     if cfg.doom_measurements:
         options["doom_measurements"] = True
+    if cfg.atari_sticky_actions:
+        options["atari_sticky_actions"] = True
+    if not cfg.atari_episodic_life:
+        options["atari_episodic_life"] = False
     return options
 
 
@@ -62,7 +67,7 @@ class RolloutWorker:
             while not self.ctx.stop.is_set():
                 try:
                     return self.ctx.free_queue.get(block=True, timeout=QUEUE_TIMEOUT_S)
-                except Exception:  # faster_fifo.Empty
+                except queue.Empty:
                     self.row.beat()
         return None
 
@@ -104,7 +109,7 @@ class RolloutWorker:
         if done:
             try:
                 self.ctx.episode_queue.put(done, block=False)
-            except Exception:
+            except queue.Full:
                 pass  # the runner is behind on reading; stats are not worth blocking sampling for
 
     def _start_splits(self) -> bool:
@@ -163,7 +168,7 @@ class RolloutWorker:
             with self.timer("wait_s"):
                 try:
                     ready = responses.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
-                except Exception:  # faster_fifo.Empty
+                except queue.Empty:
                     self.row.beat()
                     continue
             for s in ready:

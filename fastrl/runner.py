@@ -3,6 +3,7 @@ starts the learner, policy workers and rollout workers, watches them, reports,
 decides when to stop, and shuts everything down cleanly on every path."""
 from __future__ import annotations
 
+import queue
 import collections
 import json
 import math
@@ -24,6 +25,7 @@ from fastrl.buffers import TrajectoryBuffers
 from fastrl.checkpoint import load_latest_checkpoint
 from fastrl.config import Config, ConfigError, check_env_and_options, save_config
 from fastrl.distributions import ActionSpec
+from fastrl.evaluator import evaluator_main
 from fastrl.inference import build_model
 from fastrl.learner import checkpoint_dir, learner_main
 from fastrl.model import flat_state, flat_state_size, obs_layout
@@ -127,6 +129,8 @@ class Runner:
         self.episodes = 0
         self.reached_reward_at: Optional[float] = None
         self.metrics: dict = {}
+        self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
+        self.last_eval: Optional[dict] = None
 
     def _build_context(self, model) -> SharedContext:
         cfg = self.cfg
@@ -173,6 +177,8 @@ class Runner:
             self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
         for i in range(cfg.num_workers):
             self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
+        if cfg.eval_every_frames > 0 and self.learn:
+            self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.frames_offset)
 
     def stop_children(self) -> list:
         """Ask everyone to stop, wait, then escalate. Returns names that had to be killed."""
@@ -196,11 +202,12 @@ class Runner:
     def env_frames(self) -> int:
         return int(self.ctx.board.total("env_frames", "rollout_"))
 
-    def _drain(self, start: float) -> None:
+    def _drain(self, start: float, monitor) -> None:
+        """Take in what the children reported: episodes, learner metrics, evaluations."""
         while True:
             try:
                 batches = self.ctx.episode_queue.get_many(block=False)
-            except Exception:
+            except queue.Empty:
                 break
             for batch in batches:
                 for ret, _length, objective in batch:
@@ -214,8 +221,17 @@ class Runner:
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
                 self.metrics.update(m)
-        except Exception:
+        except queue.Empty:
             pass
+        try:
+            evaluations = self.eval_queue.get_many(block=False)
+        except queue.Empty:
+            evaluations = []
+        for ev in evaluations:
+            self.last_eval = ev
+            monitor.log(ev["env_frames"], time.time() - start, {k: v for k, v in ev.items() if k.startswith("eval/")})
+            print(f"fastrl: evaluation at {ev['env_frames']:,} frames (policy version {ev['version']}): "
+                  f"return {ev['eval/return']:.2f} over {self.cfg.eval_episodes} deterministic episodes", flush=True)
 
     def mean_return(self) -> float:
         return sum(self.returns100) / len(self.returns100) if self.returns100 else float("nan")
@@ -224,7 +240,7 @@ class Runner:
         try:
             name, tb = self.error_queue.get(block=False)
             return f"{name} failed:\n{tb}"
-        except Exception:
+        except queue.Empty:
             pass
         for p in self.processes:
             if not p.is_alive():
@@ -232,7 +248,7 @@ class Runner:
                 try:
                     name, tb = self.error_queue.get(block=False)
                     return f"{name} failed:\n{tb}"
-                except Exception:
+                except queue.Empty:
                     return f"{p.name} (pid {p.pid}) died with exit code {p.exitcode} and left no traceback."
         return None
 
@@ -284,7 +300,7 @@ class Runner:
             while True:
                 time.sleep(POLL_S)
                 elapsed = time.time() - start
-                self._drain(start)
+                self._drain(start, monitor)
                 failure = self._check_children()
                 if failure:
                     print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
@@ -311,7 +327,7 @@ class Runner:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             killed = self.stop_children()
-            self._drain(start)
+            self._drain(start, monitor)
             for s, handler in previous.items():
                 signal.signal(s, handler)
             monitor.close(exit_code)
@@ -337,6 +353,7 @@ class Runner:
             "samples_trained": self.ctx.board.get("learner", "samples_trained"),
             "samples_dropped": self.ctx.board.get("learner", "samples_dropped"),
             "learner_steps": self.ctx.board.get("learner", "learner_steps"),
+            "last_eval": self.last_eval,
         }
         path = os.path.join(self.cfg.experiment_dir, "summary.json")
         with open(path + ".tmp", "w") as fh:

@@ -3,6 +3,7 @@ throughput measured alone (bench --mode sample). It stands in the learner's row
 of the stats board, so every report reads the same counters."""
 from __future__ import annotations
 
+import queue
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
@@ -16,7 +17,7 @@ def sink_main(cfg, ctx) -> None:
         with timer("wait_s"):
             try:
                 indices = ctx.traj_queue.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
-            except Exception:  # faster_fifo.Empty
+            except queue.Empty:
                 continue
         with timer("comm_s"):
             ctx.free_queue.put_many(indices, block=True, timeout=10.0)

@@ -69,3 +69,12 @@ def test_unwritable_train_dir_under_a_file_is_refused(tmp_path):
 
 def test_defaults_are_valid(tmp_path):
     validate(Config(env="CartPole-v1", train_dir=str(tmp_path)))
+
+
+def test_env_presets_replace_defaults_but_never_explicit_options():
+    cfg, extra = parse_args(["--env", "doom_battle", "--lr", "3e-4", "--use_rnn", "false"])
+    assert (cfg.lr, cfg.use_rnn) == (3e-4, False)  # given by the user
+    assert (cfg.separate_critic, cfg.num_workers, cfg.ppo_epochs) == (False, 2, 1)  # from the Doom preset
+    assert extra.explicit == {"env", "lr", "use_rnn"}
+    plain, _ = parse_args(["--env", "CartPole-v1"])
+    assert (plain.separate_critic, plain.lr) == (True, 1e-3)

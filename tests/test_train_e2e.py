@@ -51,10 +51,15 @@ def test_sigterm_to_the_runner_stops_everything(tmp_path):
 
 
 def test_resume_continues_frames_version_and_optimizer(tmp_path):
-    first = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "40000"])
+    first = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "40000",
+                      "--eval_every_frames", "15000", "--eval_episodes", "2"])
     assert first.wait(timeout=90) == 0, first.output()
     state1, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
     assert state1["optimizer"]["state"], "the optimizer state must be saved"
+    # The evaluator ran beside training and kept the best policy it saw.
+    assert read_summary(tmp_path, "CartPole-v1")["last_eval"]["eval/return"] > 0
+    assert "evaluation at" in first.output()
+    assert os.path.isfile(tmp_path / "CartPole-v1" / "checkpoints" / "best.pt")
 
     second = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "80000"])
     assert second.wait(timeout=90) == 0, second.output()

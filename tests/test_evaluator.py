@@ -1,0 +1,181 @@
+"""The evaluator, run in-process (in a thread) against real shared params, a real
+stats board and a real stop event, on CartPole with hand-made policies whose scores
+are known: "always push left" falls in ~10 steps, "push toward the lean" (pole
+angle + angular velocity > 0 -> right) balances for hundreds.
+"""
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from envs.registry import get_spec
+from fastrl.checkpoint import load_checkpoint, save_best
+from fastrl.config import Config
+from fastrl.evaluator import evaluator_main
+from fastrl.inference import build_model
+from fastrl.learner import checkpoint_dir
+from fastrl.model import flat_state, flat_state_size
+from fastrl.params import SharedParams
+from fastrl.stats_board import StatsBoard
+
+RESULT_TIMEOUT_S = 30.0
+EVERY = 1000
+
+
+def make_cfg(tmp_path, **overrides):
+    return Config(**{"env": "CartPole-v1", "train_dir": str(tmp_path), "eval_every_frames": EVERY, "eval_episodes": 3,
+                     **overrides})
+
+
+def policy_params(model, lean_controller: bool) -> torch.Tensor:
+    """Flat params of `model` set to always-left or to the lean controller."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        first, second = model.encoders[0].net[0], model.encoders[0].net[2]
+        if lean_controller:
+            first.weight[0, 2] = first.weight[0, 3] = 1.0  # h = tanh(angle + angular velocity)
+            second.weight[0, 0] = 1.0
+            model.policy_head.weight[0, 0], model.policy_head.weight[1, 0] = -1.0, 1.0
+        else:
+            model.policy_head.bias[0] = 1.0  # logits favour action 0 (left) everywhere
+    return flat_state(model)
+
+
+class Harness:
+    """A SharedContext-like object and the evaluator running on it in a thread."""
+
+    def __init__(self, cfg):
+        env = get_spec(cfg.env).make()
+        env.close()
+        self.model = build_model(cfg, env.observation_space, env.action_space)
+        self.params = SharedParams(flat_state_size(self.model), multiprocessing.Lock())
+        self.board = StatsBoard(["runner", "learner", "rollout_0", "rollout_1"])
+        self.ctx = SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space,
+                                   params=self.params, board=self.board, stop=multiprocessing.Event())
+        self.results = queue.Queue()
+        self.cfg = cfg
+        self.thread = None
+
+    def publish(self, lean_controller: bool, version: int) -> None:
+        self.params.publish(policy_params(self.model, lean_controller), version)
+
+    def set_frames(self, frames: int) -> None:
+        self.board.row("rollout_0").set("env_frames", frames // 2)
+        self.board.row("rollout_1").set("env_frames", frames - frames // 2)
+
+    def start(self, frames_offset: int = 0) -> None:
+        self.thread = threading.Thread(target=evaluator_main, args=(self.cfg, self.ctx, self.results, frames_offset),
+                                       daemon=True)
+        self.thread.start()
+
+    def next_result(self) -> dict:
+        return self.results.get(timeout=RESULT_TIMEOUT_S)
+
+    def stop(self) -> float:
+        t0 = time.perf_counter()
+        self.ctx.stop.set()
+        self.thread.join(timeout=5.0)
+        assert not self.thread.is_alive()
+        return time.perf_counter() - t0
+
+
+@pytest.fixture
+def harness(tmp_path):
+    h = Harness(make_cfg(tmp_path))
+    yield h
+    if h.thread is not None and h.thread.is_alive():
+        h.stop()
+
+
+def best_state(cfg) -> dict:
+    return load_checkpoint(os.path.join(checkpoint_dir(cfg), "best.pt"))
+
+
+def test_results_determinism_and_best_checkpoint(harness):
+    harness.publish(lean_controller=False, version=1)
+    harness.start()
+    time.sleep(0.3)
+    assert harness.results.empty(), "no evaluation before eval_every_frames frames"
+
+    harness.set_frames(EVERY + 10)
+    first = harness.next_result()
+    assert set(first) == {"env_frames", "version", "eval/return", "eval/length", "eval/seconds"}
+    assert first["env_frames"] == EVERY + 10 and first["version"] == 1
+    assert 5 <= first["eval/return"] <= 20 and first["eval/length"] == first["eval/return"]
+    best = best_state(harness.cfg)
+    assert best["version"] == 1 and best["best_score"] == best["eval_return"] == first["eval/return"]
+    assert best["env"] == "CartPole-v1" and best["config"]["eval_episodes"] == 3 and best["env_frames"] == EVERY + 10
+    harness.model.load_state_dict(best["model"])  # loads into a model of the experiment's config
+
+    harness.publish(lean_controller=False, version=2)  # same weights, newer version
+    harness.set_frames(3 * EVERY + 5)  # skips the 2*EVERY point it never saw
+    second = harness.next_result()
+    assert second["version"] == 2 and second["env_frames"] == 3 * EVERY + 5
+    assert second["eval/return"] == first["eval/return"], "deterministic episodes of the same params"
+    assert best_state(harness.cfg)["version"] == 1, "an equal score does not replace best.pt"
+
+    harness.publish(lean_controller=True, version=3)
+    harness.set_frames(4 * EVERY)
+    third = harness.next_result()
+    assert third["eval/return"] > 200
+    best = best_state(harness.cfg)
+    assert best["version"] == 3 and best["best_score"] == third["eval/return"]
+    assert harness.results.empty(), "one result per grid point"
+    assert harness.stop() < 1.0
+
+
+def test_stop_ends_the_loop_promptly_while_waiting(harness):
+    harness.publish(lean_controller=False, version=0)
+    harness.start()
+    time.sleep(0.2)
+    assert harness.stop() < 0.5
+    assert not os.path.exists(os.path.join(checkpoint_dir(harness.cfg), "best.pt"))
+
+
+def test_stop_abandons_an_evaluation_under_way(tmp_path):
+    h = Harness(make_cfg(tmp_path, eval_episodes=200))  # ~90,000 balanced steps: seconds of work
+    h.publish(lean_controller=True, version=0)
+    h.start()
+    h.set_frames(EVERY)
+    time.sleep(0.5)
+    assert h.stop() < 0.5
+    assert h.results.empty() and not os.path.exists(os.path.join(checkpoint_dir(h.cfg), "best.pt"))
+
+
+def test_a_resumed_run_counts_from_its_checkpoint_and_keeps_a_better_best(tmp_path):
+    cfg = make_cfg(tmp_path)
+    save_best(checkpoint_dir(cfg), {"model": {}, "version": 99}, score=1e9)
+    h = Harness(cfg)
+    h.publish(lean_controller=True, version=100)
+    h.start(frames_offset=2 * EVERY + 500)
+    try:
+        h.set_frames(EVERY - 500)
+        result = h.next_result()
+        assert result["env_frames"] == 3 * EVERY and result["eval/return"] < 1e9
+        assert best_state(cfg)["version"] == 99
+    finally:
+        h.stop()
+
+
+def test_true_objective_is_reported_on_full_games(tmp_path):
+    pytest.importorskip("ale_py")
+    h = Harness(Config(env="atari_breakout", train_dir=str(tmp_path), eval_every_frames=EVERY, eval_episodes=1))
+    with torch.no_grad():
+        for p in h.model.parameters():
+            p.zero_()
+        h.model.policy_head.bias[0] = 1.0  # NOOP: FIRE launches the ball, the idle paddle misses it, 5 times
+    h.params.publish(flat_state(h.model), 7)
+    h.start()
+    try:
+        h.set_frames(EVERY)
+        result = h.next_result()
+    finally:
+        h.stop()
+    assert result["eval/true_objective"] == result["eval/return"] == 0.0
+    assert result["eval/length"] > 100, "a full game of 5 lives, not one life"
