@@ -30,7 +30,7 @@ from fastrl.inference import build_model
 from fastrl.learner import checkpoint_dir, learner_main
 from fastrl.model import flat_state, flat_state_size, obs_layout
 from fastrl.monitor import Monitor, scalars_from
-from fastrl.params import SharedParams
+from fastrl.params import SharedParams, StopFlag
 from fastrl.policy_worker import policy_worker_main
 from fastrl.proc import run_child, start_process_server
 from fastrl.rollout_worker import env_options, rollout_worker_main
@@ -137,7 +137,7 @@ class Runner:
         action_spec = ActionSpec.from_space(self.action_space)
         buffers = TrajectoryBuffers(cfg.total_buffers, cfg.rollout, cfg.envs_per_split, obs_layout(self.obs_space),
                                     action_spec.action_dim, action_spec.dtype, model.rnn_state_size)
-        params = SharedParams(flat_state_size(model), self.mp.Lock())
+        params = SharedParams(flat_state_size(model))
         params.publish(flat_state(model), self.version0)
         rows = ["runner", "learner"] + [f"policy_{i}" for i in range(self._num_policy_workers())] \
             + [f"rollout_{i}" for i in range(cfg.num_workers)]
@@ -145,7 +145,7 @@ class Runner:
         free_queue.put_many(list(range(cfg.total_buffers)))
         return SharedContext(
             obs_space=self.obs_space, action_space=self.action_space, action_spec=action_spec,
-            buffers=buffers, params=params, board=StatsBoard(rows), stop=self.mp.Event(),
+            buffers=buffers, params=params, board=StatsBoard(rows), stop=StopFlag(),
             free_queue=free_queue,
             traj_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
             episode_queue=faster_fifo.Queue(max_size_bytes=5_000_000),

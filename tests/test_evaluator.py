@@ -3,7 +3,6 @@ stats board and a real stop event, on CartPole with hand-made policies whose sco
 are known: "always push left" falls in ~10 steps, "push toward the lean" (pole
 angle + angular velocity > 0 -> right) balances for hundreds.
 """
-import multiprocessing
 import os
 import queue
 import threading
@@ -20,7 +19,7 @@ from fastrl.evaluator import evaluator_main
 from fastrl.inference import build_model
 from fastrl.learner import checkpoint_dir
 from fastrl.model import flat_state, flat_state_size
-from fastrl.params import SharedParams
+from fastrl.params import SharedParams, StopFlag
 from fastrl.stats_board import StatsBoard
 
 RESULT_TIMEOUT_S = 30.0
@@ -54,10 +53,10 @@ class Harness:
         env = get_spec(cfg.env).make()
         env.close()
         self.model = build_model(cfg, env.observation_space, env.action_space)
-        self.params = SharedParams(flat_state_size(self.model), multiprocessing.Lock())
+        self.params = SharedParams(flat_state_size(self.model))
         self.board = StatsBoard(["runner", "learner", "rollout_0", "rollout_1"])
         self.ctx = SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space,
-                                   params=self.params, board=self.board, stop=multiprocessing.Event())
+                                   params=self.params, board=self.board, stop=StopFlag())
         self.results = queue.Queue()
         self.cfg = cfg
         self.thread = None

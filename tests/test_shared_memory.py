@@ -3,7 +3,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from fastrl.buffers import TrajectoryBuffers
-from fastrl.params import SharedParams
+from fastrl.params import SharedParams, StopFlag
 from fastrl.stats_board import StatsBoard
 
 LAYOUT = {"obs": ((3, 4, 5), torch.uint8), "measurements": ((2,), torch.float32)}
@@ -32,7 +32,7 @@ def _child_writes(buffers, params, board, buf):
 def test_buffers_params_and_board_round_trip_through_a_spawned_process():
     ctx = tmp.get_context("spawn")
     buffers = _make_buffers()
-    params = SharedParams(5, ctx.Lock())
+    params = SharedParams(5)
     params.publish(torch.arange(5, dtype=torch.float32), version=9)
     board = StatsBoard(["runner", "rollout_0"])
     p = ctx.Process(target=_child_writes, args=(buffers, params, board, 1))
@@ -67,8 +67,41 @@ def test_gather_makes_a_time_major_copy():
 
 
 def test_params_reader_skips_the_copy_when_the_version_did_not_move():
-    params = SharedParams(3, tmp.get_context("spawn").Lock())
+    params = SharedParams(3)
     params.publish(torch.ones(3), version=4)
     out = torch.zeros(3)
     assert params.read_if_newer(4, out) == 4 and out.sum() == 0
     assert params.read_if_newer(3, out) == 4 and out.sum() == 3
+
+
+def _hammer_publish(params, rounds):
+    for v in range(1, rounds + 1):
+        params.publish(torch.full((params.flat.numel(),), float(v)), version=v)
+
+
+def test_readers_never_see_a_torn_parameter_copy():
+    # A writer publishing constant vectors as fast as it can: every copy a reader
+    # accepts must be one constant, and its version must be that constant.
+    ctx = tmp.get_context("spawn")
+    params = SharedParams(200_000)
+    writer = ctx.Process(target=_hammer_publish, args=(params, 300))
+    writer.start()
+    out, version, checked = torch.empty(200_000), -1, 0
+    while writer.is_alive() or version < 300:
+        new = params.read_if_newer(version, out)
+        if new != version:
+            version = new
+            assert out.min() == out.max() == float(version)
+            checked += 1
+        if not writer.is_alive() and params.version == version:
+            break
+    writer.join(30)
+    assert writer.exitcode == 0 and checked > 1
+
+
+def test_stop_flag_crosses_processes():
+    flag = StopFlag()
+    p = tmp.get_context("spawn").Process(target=flag.set)
+    p.start()
+    p.join(30)
+    assert flag.is_set() and flag.wait(0.01)
