@@ -49,4 +49,4 @@ def policy_worker_main(cfg, index: int, ctx, device: str) -> None:
                 b.behaviour_logp[buf, t] = logp[rows]
                 b.policy_version[buf, t] = policy.version
                 ctx.rnn_states[w][s] = rnn_out[rows]
-                ctx.response_queues[w].put(s, block=True, timeout=10.0)
+                ctx.response_queues[w].put((s, buf, t), block=True, timeout=10.0)

@@ -78,11 +78,13 @@ class RolloutWorker:
         if self.t[s] < self.T:
             return True
         b, old = self.ctx.buffers, self.buf[s]
+        self.ctx.held_buffers.set(self.index, s, -1)
         with self.timer("comm_s"):
             self.ctx.traj_queue.put(old, block=True, timeout=10.0)
         new = self._take_free_buffer()
         if new is None:
             return False
+        self.ctx.held_buffers.set(self.index, s, new)
         with self.timer("comm_s"):
             for k in b.obs:
                 b.obs[k][new, 0] = b.obs[k][old, self.T]
@@ -117,6 +119,7 @@ class RolloutWorker:
             buf = self._take_free_buffer()
             if buf is None:
                 return False
+            self.ctx.held_buffers.set(self.index, s, buf)
             self.buf[s], self.t[s] = buf, 0
             with self.timer("busy_s"):
                 split.reset_all(buf, 0)
@@ -171,7 +174,9 @@ class RolloutWorker:
                 except queue.Empty:
                     self.row.beat()
                     continue
-            for s in ready:
+            for s, buf, t in ready:
+                if (buf, t) != (self.buf[s], self.t[s]):
+                    continue  # meant for a worker that died in this slot before this one started
                 self._step_envs(s)
                 if not self._advance(s, rnn_states[s]):
                     return

@@ -36,6 +36,7 @@ from fastrl.proc import run_child, start_process_server
 from fastrl.rollout_worker import env_options, rollout_worker_main
 from fastrl.sink import sink_main
 from fastrl.stats_board import StatsBoard
+from fastrl.supervision import HeldBuffers, WorkerSupervisor
 
 JOIN_TIMEOUT_S = 10.0
 LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
@@ -65,6 +66,7 @@ class SharedContext:
     request_queue: Any
     response_queues: list
     rnn_states: list
+    held_buffers: HeldBuffers
 
 
 def resolve_device(cfg: Config) -> str:
@@ -131,6 +133,8 @@ class Runner:
         self.metrics: dict = {}
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.last_eval: Optional[dict] = None
+        self.rollout_processes: dict = {}  # worker index -> its current process
+        self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds)
 
     def _build_context(self, model) -> SharedContext:
         cfg = self.cfg
@@ -154,6 +158,7 @@ class Runner:
             response_queues=[faster_fifo.Queue(max_size_bytes=100_000) for _ in range(cfg.num_workers)],
             rnn_states=[torch.zeros(cfg.num_splits, cfg.envs_per_split, model.rnn_state_size).share_memory_()
                         for _ in range(cfg.num_workers)] if cfg.inference == "policy_worker" else [],
+            held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
         )
 
     def _num_policy_workers(self) -> int:
@@ -176,9 +181,14 @@ class Runner:
         for i in range(self._num_policy_workers()):
             self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
         for i in range(cfg.num_workers):
-            self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
+            self.rollout_processes[i] = self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
         if cfg.eval_every_frames > 0 and self.learn:
             self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.frames_offset)
+
+    def replace_rollout_worker(self, dead, index: int) -> None:
+        self.processes.remove(dead)
+        self.rollout_processes[index] = self._spawn(f"rollout-worker {index}", rollout_worker_main,
+                                                    self.cfg, index, self.ctx)
 
     def stop_children(self) -> list:
         """Ask everyone to stop, wait, then escalate. Returns names that had to be killed."""
@@ -237,11 +247,17 @@ class Runner:
         return sum(self.returns100) / len(self.returns100) if self.returns100 else float("nan")
 
     def _check_children(self) -> Optional[str]:
+        """A failure sentence (with the traceback when there is one), or None.
+        Rollout workers killed by a signal or hung are restarted instead."""
         try:
             name, tb = self.error_queue.get(block=False)
             return f"{name} failed:\n{tb}"
         except queue.Empty:
             pass
+        for index, p in list(self.rollout_processes.items()):
+            failure = self.supervisor.check(p, index)
+            if failure:
+                return failure
         for p in self.processes:
             if not p.is_alive():
                 time.sleep(0.2)  # its traceback may still be on its way
