@@ -45,7 +45,11 @@ class Config:
     )
     num_policy_workers: int = _opt(1, "Policy-worker processes (only with --inference policy_worker).")
     torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal time from other processes.")
+    learner_threads: int = _opt(0, "Torch threads for the learner (0 = --torch_threads); worth more than one when the learner is the bottleneck and a core would otherwise idle.")
     num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus two learner batches). Fewer buffers throttle sampling and lower the policy lag.")
+    plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two and picks workers, envs, "
+                     "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
+                     "or a plan.json to reuse.")
     inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
 
     # --- algorithm: APPO ----------------------------------------------------------------
@@ -152,7 +156,7 @@ def validate(cfg: Config) -> None:
     for name in ("lr", "status_every_seconds", "checkpoint_every_seconds"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
-    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef",
+    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads",
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
@@ -193,6 +197,8 @@ def validate(cfg: Config) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda was asked for but torch sees no CUDA device; use --device auto or cpu.")
+    if cfg.plan not in ("auto", "off") and not os.path.isfile(cfg.plan):
+        raise ConfigError(f"--plan {cfg.plan} is neither auto, off nor a plan.json file; check the path.")
     if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
         raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
     _check_writable(cfg.train_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,8 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that send 
 
 from fastrl.buffers import TrajectoryBuffers
 from fastrl.checkpoint import load_latest_checkpoint
-from fastrl.config import Config, ConfigError, check_env_and_options, save_config
+from fastrl import planner
+from fastrl.config import Config, ConfigError, check_env_and_options, save_config, validate
 from fastrl.distributions import ActionSpec
 from fastrl.evaluator import evaluator_main
 from fastrl.inference import build_model
@@ -39,8 +41,19 @@ from fastrl.stats_board import StatsBoard
 from fastrl.supervision import HeldBuffers, WorkerSupervisor
 
 JOIN_TIMEOUT_S = 10.0
+PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process server's imports
 LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
 POLL_S = 0.05
+
+
+def exit_cause(exitcode) -> str:
+    """How a child ended, in words: 'was killed by SIGKILL' or 'exited with code 1'."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
 
 
 class StopRequested(Exception):
@@ -75,18 +88,34 @@ def resolve_device(cfg: Config) -> str:
     return cfg.device
 
 
-def probe_spaces(cfg: Config, spec):
-    """Open one env in this process just long enough to read its spaces."""
-    env = spec.make(seed=cfg.seed, **env_options(cfg))
+def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[planner.Plan]:
+    """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
+    when resuming, else a fresh one from a start-up profile of `env` and the model."""
+    if cfg.plan == "off":
+        return None
+    saved = os.path.join(cfg.experiment_dir, "plan.json")
+    path = cfg.plan if cfg.plan != "auto" else (saved if resuming and os.path.isfile(saved) else None)
+    if path:
+        try:
+            plan = planner.load(path)
+        except (OSError, ValueError, TypeError) as err:
+            raise ConfigError(f"--plan {path} is not a readable plan ({err}); give a plan.json that fastrl wrote, "
+                              "or use --plan auto") from None
+        print(f"fastrl: using the plan in {path}", flush=True)
+        return plan
+    costs, cached = planner.cached_costs(cfg, env, PROFILE_SECONDS)
+    if cached:
+        print("fastrl: planning from this machine's cached profile of this setup", flush=True)
     try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
+        return planner.choose(costs, cfg, explicit)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
-def prepare_experiment(cfg: Config):
-    """Everything that can refuse the run, done before any process starts.
-    Returns (spec, obs_space, action_space, model, checkpoint_state, checkpoint_path)."""
+def prepare_experiment(cfg: Config, explicit: set):
+    """Everything that can refuse the run, done before any process starts, and the
+    plan. Returns (cfg with the plan applied, plan, spec, obs_space, action_space,
+    model, checkpoint_state, checkpoint_path)."""
     spec = check_env_and_options(cfg)
     if cfg.restart and os.path.isdir(checkpoint_dir(cfg)):
         shutil.rmtree(checkpoint_dir(cfg))
@@ -95,7 +124,20 @@ def prepare_experiment(cfg: Config):
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
             "pass --restart to start over or choose another --experiment.")
-    obs_space, action_space = probe_spaces(cfg, spec)
+    # One env opened here: its spaces shape the buffers and the model, and the
+    # planner times its steps.
+    env = spec.make(seed=cfg.seed, **env_options(cfg))
+    try:
+        obs_space, action_space = env.observation_space, env.action_space
+        plan = make_plan(cfg, explicit, env, resuming=state is not None)
+    finally:
+        env.close()
+    if plan is not None:
+        cfg = planner.apply(cfg, plan)
+        try:
+            validate(cfg)
+        except ConfigError as err:
+            raise ConfigError(f"The plan does not fit these options: {err}") from None
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, obs_space, action_space)
     if state is not None:
@@ -106,19 +148,24 @@ def prepare_experiment(cfg: Config):
             raise ConfigError(
                 f"The checkpoint {path} does not fit this model ({first}); use the same model options "
                 "as when it was trained, or pass --restart to start over.") from None
-    return spec, obs_space, action_space, model, state, path
+    return cfg, plan, spec, obs_space, action_space, model, state, path
 
 
 class Runner:
     """learn=False swaps the learner for a sink that frees trajectories untouched,
-    to measure the sampling system alone."""
+    to measure the sampling system alone. `explicit` names the options the user
+    set, which the planner keeps."""
 
-    def __init__(self, cfg: Config, learn: bool = True):
-        self.cfg = cfg
+    def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None):
         self.learn = learn
-        self.spec, self.obs_space, self.action_space, model, state, self.resume_path = prepare_experiment(cfg)
+        (cfg, self.plan, self.spec, self.obs_space, self.action_space, model, state,
+         self.resume_path) = prepare_experiment(cfg, explicit or set())
+        self.cfg = cfg
         os.makedirs(cfg.experiment_dir, exist_ok=True)
         save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
+        if self.plan is not None:
+            planner.save(self.plan, cfg.experiment_dir)
+            print(f"fastrl: {planner.describe(self.plan, self.spec.frameskip)}", flush=True)
         self.device = resolve_device(cfg)
         self.version0 = int(state["version"]) if state else 0
         self.frames_offset = int(state.get("env_frames", 0)) if state else 0
@@ -134,6 +181,7 @@ class Runner:
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}  # worker index -> its current process
+        self.training_since: Optional[float] = None  # when the first sample was trained
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds)
 
     def _build_context(self, model) -> SharedContext:
@@ -165,9 +213,9 @@ class Runner:
         return self.cfg.num_policy_workers if self.cfg.inference == "policy_worker" else 0
 
     # -- processes ----------------------------------------------------------------------
-    def _spawn(self, name: str, target, *args):
-        p = self.mp.Process(target=run_child, name=name,
-                            args=(name, self.cfg.torch_threads, self.error_queue, target, *args), daemon=False)
+    def _spawn(self, name: str, target, *args, threads: int = 0):
+        p = self.mp.Process(target=run_child, name=name, daemon=False,
+                            args=(name, threads or self.cfg.torch_threads, self.error_queue, target, *args))
         p.start()
         self.processes.append(p)
         return p
@@ -175,7 +223,8 @@ class Runner:
     def start(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         if self.learn:
-            self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset)
+            self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset,
+                        threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
@@ -265,7 +314,7 @@ class Runner:
                     name, tb = self.error_queue.get(block=False)
                     return f"{name} failed:\n{tb}"
                 except queue.Empty:
-                    return f"{p.name} (pid {p.pid}) died with exit code {p.exitcode} and left no traceback."
+                    return f"{p.name} (pid {p.pid}) {exit_cause(p.exitcode)} and left no traceback."
         return None
 
     def _should_stop(self, elapsed: float) -> Optional[str]:
@@ -320,8 +369,10 @@ class Runner:
                 failure = self._check_children()
                 if failure:
                     print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
-                    exit_code, reason = 1, failure.splitlines()[0]
+                    exit_code, reason = 1, failure.splitlines()[0].rstrip(":")
                     break
+                if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
+                    self.training_since = time.time()
                 if observer is not None:
                     observer(self, elapsed)
                 reason = self._should_stop(elapsed)
@@ -351,9 +402,18 @@ class Runner:
         self.write_summary(wall)
         print(f"fastrl: {reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
               f" ({self.env_frames() / wall:,.0f} fps), mean return(100) {self.mean_return():.2f}", flush=True)
+        if self.plan is not None and self.measured_trained_steps_per_s():
+            print(f"fastrl: {planner.measured_next_to_predicted(self.plan, self.measured_trained_steps_per_s(), self.spec.frameskip)}",
+                  flush=True)
         if killed:
             print(f"fastrl: had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
         return exit_code
+
+    def measured_trained_steps_per_s(self) -> float:
+        """Agent steps trained per second since training began (start-up excluded)."""
+        if self.training_since is None:
+            return 0.0
+        return self.ctx.board.get("learner", "samples_trained") / max(time.time() - self.training_since, 1e-9)
 
     def write_summary(self, wall: float) -> None:
         summary = {
@@ -369,7 +429,13 @@ class Runner:
             "samples_trained": self.ctx.board.get("learner", "samples_trained"),
             "samples_dropped": self.ctx.board.get("learner", "samples_dropped"),
             "learner_steps": self.ctx.board.get("learner", "learner_steps"),
+            "env_restarts": self.ctx.board.total("env_restarts", "rollout_"),
+            "trajectories_discarded": self.ctx.board.total("trajectories_discarded", "rollout_"),
             "last_eval": self.last_eval,
+            "plan": dataclasses.asdict(self.plan) if self.plan else None,
+            "measured_trained_frames_per_s": self.measured_trained_steps_per_s() * self.spec.frameskip,
+            "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
+            "worker_restarts": self.supervisor.total_restarts,
         }
         path = os.path.join(self.cfg.experiment_dir, "summary.json")
         with open(path + ".tmp", "w") as fh:

@@ -7,7 +7,7 @@ from fastrl.config import ConfigError, check_env_and_options, parse_args
 
 
 def main(argv=None) -> int:
-    cfg, _ = parse_args(argv)
+    cfg, extra = parse_args(argv)
     try:
         check_env_and_options(cfg)  # cheap checks first, so that bad input starts no process at all
         from fastrl.proc import start_process_server
@@ -18,10 +18,13 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
         from fastrl.runner import Runner
 
-        return Runner(cfg).run()
+        return Runner(cfg, explicit=extra.explicit).run()
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)
         print(f"fastrl: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the run loop took over signals: nothing to save yet
+        print("fastrl: interrupted during start-up; nothing was trained.", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

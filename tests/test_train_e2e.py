@@ -30,7 +30,7 @@ def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path):
 
 def test_ctrl_c_stops_quickly_with_a_loadable_checkpoint(tmp_path):
     run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--experiment", "interrupted"])
-    run.wait_for_line(lambda line: "trained" in line and " 0 samples/s" not in line, timeout=90)
+    run.wait_for_line(lambda line: line.startswith("[") and "trained 0 samples/s" not in line, timeout=90)
     run.signal_group(signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group gets it
     code = run.wait(timeout=15)
     assert code == 128 + signal.SIGINT, run.output()

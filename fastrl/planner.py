@@ -1,0 +1,283 @@
+"""The resource planner: choose the process layout that maximises trained
+samples/s on this machine, with the policy lag bounded (TianJi's balance of
+sample production against consumption).
+
+The cost model, per agent step, in core-seconds measured by fastrl.profiling:
+    env      one env step (no model)
+    forward  one sample of inference at a given batch size
+    train    one sample of one learner gradient pass (times ppo_epochs), in wall
+             seconds per thread count t; its core cost is t times that
+    comm     one policy-worker round trip per request (queues + copies), per sample
+Rates it predicts, in agent steps/s, for W rollout workers of E envs:
+    TR_A (production)   local:        W / (env + forward(E))
+                        policy_worker: min(W / env, P / (forward(W*E/2) + comm))
+    TR_L (consumption)  1 / (epochs * train[t])                  t = learner threads
+    TR_C (the cores)    C / (env + forward + epochs * t * train[t] + comm)
+    trained = min(TR_A, TR_L, TR_C)
+TR_C is the limit when every process wants a core (processes > cores): then the
+layout only decides how little is wasted. Lag: a trajectory of T steps takes
+T * W * E / trained seconds to fill while the learner takes trained / batch
+steps per second, so a sample is W * E * T / batch learner steps old at most.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+# What the planner may choose; every other option stays as configured.
+PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers")
+ENVS_PER_WORKER = (4, 8, 16, 32, 64)
+# A layout within this fraction of the best prediction wins if it uses fewer
+# processes or less lag: the model is not accurate to better than that.
+TIE = 0.03
+
+
+@dataclass
+class Costs:
+    cores: int
+    env_s: float  # core-seconds per env step
+    forward_s: dict  # batch size -> core-seconds per sample of inference
+    train_s: dict  # learner threads -> wall seconds per sample of one gradient pass
+    comm_s: float = 50e-6  # per sample of a policy-worker round trip
+    gpu: bool = False
+
+    def train(self, threads: int) -> float:
+        """Wall seconds per sample of a gradient pass on `threads` threads (the
+        nearest measured thread count when that one was not measured)."""
+        return self.train_s[min(self.train_s, key=lambda t: abs(t - threads))]
+
+    def forward(self, batch: int) -> float:
+        """Per-sample inference cost at `batch`, interpolated in log-batch between
+        measured sizes (held flat outside them)."""
+        sizes = sorted(self.forward_s)
+        if batch <= sizes[0]:
+            return self.forward_s[sizes[0]]
+        if batch >= sizes[-1]:
+            return self.forward_s[sizes[-1]]
+        import math
+
+        for lo, hi in zip(sizes, sizes[1:]):
+            if lo <= batch <= hi:
+                w = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
+                return self.forward_s[lo] * (1 - w) + self.forward_s[hi] * w
+        raise AssertionError("unreachable")
+
+
+@dataclass
+class Plan:
+    num_workers: int
+    num_envs_per_worker: int
+    inference: str
+    num_policy_workers: int
+    learner_threads: int
+    num_buffers: int
+    predicted: dict = field(default_factory=dict)  # production/consumption/trained steps/s, lag, bottleneck
+
+    def options(self) -> dict:
+        return {k: getattr(self, k) for k in PLANNED}
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls(**json.loads(text))
+
+
+def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
+            epochs: int, rollout: int, batch: int) -> dict:
+    """Predicted rates (agent steps/s) and lag of one layout; see the module doc."""
+    if inference == "local":
+        forward, comm = costs.forward(envs), 0.0
+        production = workers / (costs.env_s + forward)
+        processes = workers + 1
+    else:
+        forward, comm = costs.forward(max(1, workers * envs // 2)), costs.comm_s
+        production = min(workers / costs.env_s, policy_workers / (forward + comm))
+        processes = workers + policy_workers + 1
+    learn_wall = epochs * costs.train(learner_threads)
+    consumption = 1.0 / learn_wall
+    cores = costs.cores / (costs.env_s + forward + comm + learner_threads * learn_wall)
+    trained = min(production, consumption, cores)
+    if trained == consumption:
+        bottleneck = "learner"
+    elif trained == production:
+        bottleneck = "inference" if inference == "policy_worker" and production < workers / costs.env_s else "env"
+    else:  # every core is busy: name the part that takes most of them
+        shares = {"env": costs.env_s, "inference": forward + comm, "learner": learner_threads * learn_wall}
+        bottleneck = max(shares, key=shares.get)
+    return {
+        "production_steps_per_s": production,
+        "consumption_steps_per_s": consumption,
+        "cores_steps_per_s": cores,
+        "trained_steps_per_s": trained,
+        "lag_max_learner_steps": workers * envs * rollout / batch + 1,
+        "processes": processes,
+        "bottleneck": bottleneck,
+    }
+
+
+def choose(costs: Costs, cfg, explicit: set) -> Plan:
+    """The best layout for `cfg` on these costs. Options in `explicit` (set by the
+    user) are kept as they are; lag must stay within cfg.max_policy_lag."""
+    def allowed(name, values):
+        return [getattr(cfg, name)] if name in explicit else values
+
+    splits_of = {"local": 1, "policy_worker": 2}
+    candidates = []
+    max_workers = max(1, 2 * costs.cores)
+    for inference in allowed("inference", ["local", "policy_worker"]):
+        for workers in allowed("num_workers", list(range(1, max_workers + 1))):
+            for envs in allowed("num_envs_per_worker", list(ENVS_PER_WORKER)):
+                per_buffer = cfg.rollout * envs // splits_of[inference]
+                if envs % splits_of[inference] or cfg.batch_size % per_buffer:
+                    continue
+                policy_options = [1] if inference == "local" else allowed(
+                    "num_policy_workers", list(range(1, max(1, costs.cores) + 1)))
+                for policy_workers in policy_options:
+                    thread_options = ([cfg.learner_threads or cfg.torch_threads] if "learner_threads" in explicit
+                                      else sorted(t for t in costs.train_s if t <= costs.cores))
+                    for threads in thread_options:
+                        p = predict(costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
+                                    cfg.rollout, cfg.batch_size)
+                        if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
+                            continue
+                        candidates.append((p, workers, envs, inference, policy_workers, threads))
+    if not candidates:
+        raise ValueError(
+            f"no layout keeps the policy lag under --max_policy_lag {cfg.max_policy_lag} with batch {cfg.batch_size}; "
+            "raise --max_policy_lag or --batch_size, or set the layout by hand")
+    best = max(p["trained_steps_per_s"] for p, *_ in candidates)
+    good = [c for c in candidates if c[0]["trained_steps_per_s"] >= (1 - TIE) * best]
+
+    def departures(c) -> int:  # how many choices differ from the configured defaults
+        return (c[1] != cfg.num_workers) + (c[2] != cfg.num_envs_per_worker) + (c[3] != cfg.inference)
+
+    # Among near-best layouts: fewest processes and threads, then the configured
+    # defaults (hand-picked for learning, not only speed), then least lag.
+    p, workers, envs, inference, policy_workers, threads = min(
+        good, key=lambda c: (c[0]["processes"], c[5], departures(c), c[0]["lag_max_learner_steps"],
+                             -c[0]["trained_steps_per_s"]))
+    splits = splits_of[inference]
+    per_buffer = cfg.rollout * envs // splits
+    buffers = cfg.num_buffers if "num_buffers" in explicit else workers * splits + 2 * (cfg.batch_size // per_buffer)
+    return Plan(num_workers=workers, num_envs_per_worker=envs, inference=inference,
+                num_policy_workers=policy_workers if inference == "policy_worker" else cfg.num_policy_workers,
+                learner_threads=threads, num_buffers=buffers, predicted=p)
+
+
+def apply(cfg, plan: Plan):
+    return dataclasses.replace(cfg, **plan.options())
+
+
+def describe(plan: Plan, frameskip: int) -> str:
+    p = plan.predicted
+    layout = (f"{plan.num_workers} rollout worker(s) x {plan.num_envs_per_worker} envs, inference {plan.inference}"
+              + (f" ({plan.num_policy_workers} policy worker(s))" if plan.inference == "policy_worker" else ""))
+    return (f"plan: {layout}, learner on {plan.learner_threads} thread(s), {plan.num_buffers} buffers; predicted {p['trained_steps_per_s'] * frameskip:,.0f} "
+            f"env frames/s trained (production {p['production_steps_per_s'] * frameskip:,.0f}, consumption "
+            f"{p['consumption_steps_per_s'] * frameskip:,.0f}, cores {p['cores_steps_per_s'] * frameskip:,.0f}; "
+            f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps")
+
+
+def save(plan: Plan, experiment_dir: str) -> str:
+    path = os.path.join(experiment_dir, "plan.json")
+    with open(path + ".tmp", "w") as fh:
+        fh.write(plan.to_json())
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def load(path: str) -> Plan:
+    with open(path) as fh:
+        return Plan.from_json(fh.read())
+
+
+def measured_next_to_predicted(plan: Optional[Plan], trained_steps_per_s: float, frameskip: int) -> str:
+    if plan is None:
+        return ""
+    predicted = plan.predicted["trained_steps_per_s"] * frameskip
+    measured = trained_steps_per_s * frameskip
+    return f"planned {predicted:,.0f} env frames/s trained, measured {measured:,.0f} ({measured / predicted:.0%})"
+
+
+# ---------------------------------------------------------------------------------------
+# Profiling at start-up
+
+FORWARD_BATCHES = (4, 8, 16, 32, 64, 128)
+# What a rollout worker adds to a bare env step: the action conversion, the
+# shared-memory writes and the episode bookkeeping (~4 us measured on CartPole).
+WORKER_OVERHEAD_S = 4e-6
+PROFILE_TRAJECTORIES = 8  # the learner is timed on this many trajectories: enough for a stable per-sample cost
+
+
+def time_env_steps(env, seconds: float) -> float:
+    """Core-seconds per agent step of `env` with random actions, stepped here."""
+    import time
+
+    env.reset()
+    steps, start = 0, time.perf_counter()
+    while True:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        steps += 1
+        if terminated or truncated:
+            env.reset()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and steps >= 10:
+            return elapsed / steps
+
+
+def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
+    """Measure this machine's costs in about `seconds` (plus torch's one-off warm-up
+    on first use, ~1.5 s): a third stepping `env`, the rest timing the model
+    (inference at several batch sizes on one thread; a learner gradient pass on 1
+    and 2 threads) on random data."""
+    from fastrl.profiling import measure_model, usable_cores
+
+    cores = usable_cores()
+    env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
+    small = dataclasses.replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
+    threads = [1, 2] if cores >= 2 else [1]
+    model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3)
+    return Costs(cores=cores, env_s=env_s, forward_s=dict(model.forward_s_per_sample[1]),
+                 train_s=dict(model.train_s_per_sample))
+
+
+def cached_costs(cfg, env, seconds: float) -> tuple:
+    """profile_costs, remembered per machine, torch version, env and model options
+    under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first run of a
+    setup pays for the profile. Returns (costs, whether it came from the cache).
+    A cached profile can be stale if the machine's load changed: --plan auto after
+    deleting the file, or the bench CLI, measures afresh."""
+    import hashlib
+
+    import torch
+
+    from fastrl.profiling import machine_info
+
+    model_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs",
+                  "rollout", "ppo_epochs", "doom_measurements", "doom_scenario")
+    key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(),
+                      "torch": torch.__version__, **{k: getattr(cfg, k) for k in model_keys}}, sort_keys=True)
+    root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
+    path = os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        data["forward_s"] = {int(k): v for k, v in data["forward_s"].items()}
+        data["train_s"] = {int(k): v for k, v in data["train_s"].items()}
+        return Costs(**data), True
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds)
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(dataclasses.asdict(costs), fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # no cache dir: the next run profiles again, nothing worse
+    return costs, False

@@ -1,0 +1,85 @@
+"""The planner's choices on hand-set costs move the right way, and its
+predictions agree with the plan it makes."""
+import dataclasses
+
+import pytest
+
+from fastrl.config import Config
+from fastrl.planner import Costs, Plan, choose, predict
+
+
+def cfg(**kw):
+    return Config(env="CartPole-v1", **kw)
+
+
+CHEAP_MODEL = {4: 20e-6, 8: 12e-6, 16: 8e-6, 32: 6e-6, 64: 5e-6, 512: 3e-6}
+
+
+def env_bound(cores):  # slow env (1 ms a step), cheap model and learner
+    return Costs(cores=cores, env_s=1e-3, forward_s=CHEAP_MODEL, train_s={1: 20e-6})
+
+
+def learner_bound(cores):  # cheap env, a learner that costs 50x the env
+    return Costs(cores=cores, env_s=20e-6, forward_s=CHEAP_MODEL, train_s={1: 1e-3, 2: 0.55e-3})
+
+
+@pytest.mark.parametrize("cores", [2, 32])
+def test_more_workers_when_env_bound_fewer_when_learner_bound(cores):
+    env_plan = choose(env_bound(cores), cfg(), explicit=set())
+    learner_plan = choose(learner_bound(cores), cfg(), explicit=set())
+    assert env_plan.num_workers > learner_plan.num_workers
+    assert learner_plan.num_workers == 1
+    assert learner_plan.predicted["bottleneck"] == "learner"
+    if cores == 32:  # with cores to spare, an env-bound run spreads over many of them
+        assert env_plan.num_workers >= 16
+        assert env_plan.predicted["bottleneck"] in ("env", "learner")
+
+
+def test_a_learner_bound_run_gives_the_learner_the_spare_core():
+    plan = choose(learner_bound(2), cfg(), explicit=set())
+    assert plan.learner_threads == 2
+    one = predict(learner_bound(2), 1, plan.num_envs_per_worker, "local", 1, 1, 2, 32, 1024)
+    assert plan.predicted["trained_steps_per_s"] > one["trained_steps_per_s"]
+
+
+def test_local_inference_when_the_model_is_cheap_and_cores_are_few():
+    plan = choose(Costs(cores=2, env_s=30e-6, forward_s=CHEAP_MODEL, train_s={1: 15e-6}), cfg(), explicit=set())
+    assert plan.inference == "local"
+
+
+def test_policy_workers_when_inference_is_expensive_and_cores_many():
+    # A forward that costs 2 ms at a batch of 4 but 0.05 ms per sample at 512:
+    # only batching across many workers makes it affordable.
+    costly = {4: 2e-3, 8: 1e-3, 16: 5e-4, 32: 2.5e-4, 64: 1.3e-4, 512: 5e-5}
+    plan = choose(Costs(cores=32, env_s=1e-3, forward_s=costly, train_s={1: 5e-5}), cfg(max_policy_lag=100),
+                  explicit=set())
+    assert plan.inference == "policy_worker"
+
+
+def test_prediction_is_consistent_with_the_plan():
+    costs = env_bound(8)
+    c = cfg()
+    plan = choose(costs, c, explicit=set())
+    again = predict(costs, plan.num_workers, plan.num_envs_per_worker, plan.inference,
+                    plan.num_policy_workers, plan.learner_threads, c.ppo_epochs, c.rollout, c.batch_size)
+    assert again == plan.predicted
+    p = plan.predicted
+    assert p["trained_steps_per_s"] == min(p["production_steps_per_s"], p["consumption_steps_per_s"],
+                                           p["cores_steps_per_s"])
+    assert p["lag_max_learner_steps"] <= c.max_policy_lag
+    # A plan survives its JSON round trip (what --plan PATH.json reads back).
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_explicit_options_are_kept():
+    plan = choose(env_bound(32), cfg(num_workers=3, inference="policy_worker"),
+                  explicit={"num_workers", "inference"})
+    assert (plan.num_workers, plan.inference) == (3, "policy_worker")
+
+
+def test_lag_bound_limits_the_layout():
+    loose = choose(env_bound(32), cfg(max_policy_lag=1000), explicit=set())
+    tight = choose(env_bound(32), cfg(max_policy_lag=3), explicit=set())
+    assert tight.predicted["lag_max_learner_steps"] <= 3 < loose.predicted["lag_max_learner_steps"]
+    with pytest.raises(ValueError, match="max_policy_lag"):
+        choose(env_bound(32), dataclasses.replace(cfg(), max_policy_lag=1), explicit=set())
