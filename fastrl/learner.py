@@ -3,9 +3,9 @@ shared memory (freeing those buffers at once), trains on it with the APPO loss,
 and publishes the new parameters with a version. Owns the checkpoints."""
 from __future__ import annotations
 
-import queue
 import math
 import os
+import queue
 import time
 
 import numpy as np
@@ -79,6 +79,9 @@ class Learner:
                 self.row.add("samples_received", cfg.batch_size)
                 with self.timer("busy_s"):
                     self.train_on(batch)
+                threads = int(ctx.learner_threads[0])
+                if threads != torch.get_num_threads():
+                    torch.set_num_threads(threads)  # the runner's adapter moved a core to or from the learner
                 if time.time() - last_checkpoint >= cfg.checkpoint_every_seconds:
                     self.save()
                     last_checkpoint = time.time()

@@ -3,12 +3,12 @@ starts the learner, policy workers and rollout workers, watches them, reports,
 decides when to stop, and shuts everything down cleanly on every path."""
 from __future__ import annotations
 
-import queue
 import collections
 import dataclasses
 import json
 import math
 import os
+import queue
 import shutil
 import signal
 import sys
@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import faster_fifo
-import psutil
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
+import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
+from fastrl import planner
+from fastrl.adapt import ThreadAdapter
 from fastrl.buffers import TrajectoryBuffers
 from fastrl.checkpoint import load_latest_checkpoint
-from fastrl import planner
 from fastrl.config import Config, ConfigError, check_env_and_options, save_config, validate
 from fastrl.distributions import ActionSpec
 from fastrl.evaluator import evaluator_main
@@ -35,6 +36,7 @@ from fastrl.monitor import Monitor, scalars_from
 from fastrl.params import SharedParams, StopFlag
 from fastrl.policy_worker import policy_worker_main
 from fastrl.proc import run_child, start_process_server
+from fastrl.profiling import usable_cores
 from fastrl.rollout_worker import env_options, rollout_worker_main
 from fastrl.sink import sink_main
 from fastrl.stats_board import StatsBoard
@@ -80,6 +82,7 @@ class SharedContext:
     response_queues: list
     rnn_states: list
     held_buffers: HeldBuffers
+    learner_threads: Any  # shared [1] tensor: the learner's thread count, which the adapter may move
 
 
 def resolve_device(cfg: Config) -> str:
@@ -170,7 +173,10 @@ class Runner:
         self.version0 = int(state["version"]) if state else 0
         self.frames_offset = int(state.get("env_frames", 0)) if state else 0
         self.mp = start_process_server()  # torch.multiprocessing is imported: tensors pickle as shared memory
+        self.adapt = self.plan is not None and "learner_threads" not in (explicit or set())
+        self.adapter = ThreadAdapter(None, cfg.num_workers, usable_cores(), cfg.learner_threads or cfg.torch_threads)
         self.ctx = self._build_context(model)
+        self.adapter.board = self.ctx.board
         self.processes: list = []
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
         self.returns100 = collections.deque(maxlen=100)
@@ -207,6 +213,7 @@ class Runner:
             rnn_states=[torch.zeros(cfg.num_splits, cfg.envs_per_split, model.rnn_state_size).share_memory_()
                         for _ in range(cfg.num_workers)] if cfg.inference == "policy_worker" else [],
             held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
+            learner_threads=self.adapter.target,
         )
 
     def _num_policy_workers(self) -> int:
@@ -384,6 +391,11 @@ class Runner:
                         objectives=self.objectives100, episodes=self.episodes, elapsed=elapsed, window=window), status=line)
                     window = (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
                     last_status = elapsed
+                    change = self.adapter.update(time.time()) if self.adapt and self.training_since else None
+                    if change:
+                        print(f"fastrl: {change}", flush=True)
+                        monitor.log(self.env_frames() + self.frames_offset, elapsed,
+                                    {"plan/learner_threads": float(self.adapter.threads)}, status=change)
                 if reason:
                     break
         except (StopRequested, KeyboardInterrupt) as stop:

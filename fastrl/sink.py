@@ -4,6 +4,7 @@ of the stats board, so every report reads the same counters."""
 from __future__ import annotations
 
 import queue
+
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1

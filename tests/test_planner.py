@@ -83,3 +83,27 @@ def test_lag_bound_limits_the_layout():
     assert tight.predicted["lag_max_learner_steps"] <= 3 < loose.predicted["lag_max_learner_steps"]
     with pytest.raises(ValueError, match="max_policy_lag"):
         choose(env_bound(32), dataclasses.replace(cfg(), max_policy_lag=1), explicit=set())
+
+
+def test_adapter_moves_a_core_to_a_busy_learner_and_back():
+    from fastrl.adapt import ThreadAdapter
+    from fastrl.stats_board import StatsBoard
+
+    board = StatsBoard(["learner", "rollout_0", "rollout_1"])
+    adapter = ThreadAdapter(board, num_workers=2, cores=2, start_threads=1)
+    learner, workers = board.row("learner"), [board.row("rollout_0"), board.row("rollout_1")]
+
+    def window(t, worker_wait, learner_busy, learner_wait):
+        for w in workers:
+            w.add("wait_s", worker_wait * 10)
+        learner.add("busy_s", learner_busy * 10)
+        learner.add("wait_s", learner_wait * 10)
+        return adapter.update(t)
+
+    assert window(0, 0, 0, 0) is None  # the first call only starts the window
+    change = window(10, worker_wait=0.6, learner_busy=0.97, learner_wait=0.0)
+    assert change and "learner threads 1 -> 2" in change and adapter.threads == 2
+    assert window(20, 0.6, 0.97, 0.0) is None and window(30, 0.6, 0.97, 0.0) is None  # settling; never past the cores
+    assert window(40, 0.6, 0.97, 0.0) is None and adapter.threads == 2
+    change = window(50, worker_wait=0.0, learner_busy=0.4, learner_wait=0.6)
+    assert change and "learner threads 2 -> 1" in change and adapter.threads == 1

@@ -11,10 +11,17 @@ from helpers import TrainRun, read_summary
 FAST = ["--env", "CartPole-v1", "--status_every_seconds", "1"]
 
 
-def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("placement", [[], ["--inference", "policy_worker"]], ids=["planned", "policy_worker"])
+def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path, placement):
     run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--stop_at_reward", "195",
-                    "--train_for_env_frames", "3000000"])
+                    "--train_for_env_frames", "3000000", *placement])
     assert run.wait(timeout=150) == 0, run.output()
+    # --plan auto (the default) printed its plan, saved it, and set the measured rate beside it.
+    assert "fastrl: plan:" in run.output() and "measured" in run.output()
+    assert os.path.isfile(tmp_path / "CartPole-v1" / "plan.json")
+    if placement:
+        assert "inference policy_worker" in run.output()
+        assert any(t.startswith("fastrl: policy-worker 0") for t in run.worker_titles())
     summary = read_summary(tmp_path, "CartPole-v1")
     assert summary["reached_reward_at_seconds"] is not None, run.output()
     assert summary["mean_return_100"] >= 195
