@@ -1,0 +1,472 @@
+"""`python -m fastrl.bench --env ENV [--mode MODE] [--seconds S] [--warmup S] [--json PATH] [train options]`
+
+How fast fastrl is on this machine, and what holds it back. It measures the
+layout `python -m fastrl.train` would run with the same options (planned once
+with --plan auto, the default), each mode over a window of --seconds after a
+--warmup, in a throwaway experiment folder:
+
+  env     raw env stepping in --num_workers processes, random actions, no model:
+          the sampling limit (env-limit)
+  infer   the model's forward cost at the inference batch size and its learner
+          cost (forward + backward + Adam): with env, the compute-bound limit
+  sample  rollout workers (and policy workers) with a sink instead of the learner
+  train   the whole trainer
+
+The report gives each mode's env frames/s (agent steps x frameskip) and agent
+steps/s, the ratios to the two limits, and for the trainer where the time goes:
+samples produced/received/trained per second, each component's busy, waiting and
+communication fractions, policy lag and staleness, the cores the run and other
+programs used, and the bottleneck.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import psutil
+import torch
+from tqdm import tqdm
+
+from fastrl.bottleneck import diagnose
+from fastrl.config import Config, ConfigError, build_parser, parse_args
+from fastrl.profiling import (ProfilingError, compute_bound_limit, machine_info, measure_env, measure_model,
+                              usable_cores)
+from fastrl.stats_board import FIELDS
+
+MODES = ("env", "infer", "sample", "train")
+NEVER_S = 1e9  # "not within a bench run": periodic checkpoints and status lines would disturb the window
+STARTUP_S = 300.0  # how long a sample/train run may take to start flowing (many Doom games start slowly)
+
+
+class BenchError(RuntimeError):
+    """A measurement could not be taken; the message says which and why."""
+
+
+def build_bench_parser():
+    parser = build_parser(prog="python -m fastrl.bench",
+                          description="Measure fastrl's throughput on this machine and name the bottleneck. "
+                                      "Takes every train option; runs go to a temporary folder, so --train_dir "
+                                      "and --experiment are ignored.")
+    group = parser.add_argument_group("bench")
+    group.add_argument("--mode", choices=(*MODES, "all"), default="all",
+                       help="What to measure: env stepping, model compute, the sampling system, the trainer, or all four.")
+    group.add_argument("--seconds", type=float, default=20.0, help="Measured seconds per mode, after the warm-up.")
+    group.add_argument("--warmup", type=float, default=5.0, help="Seconds each mode runs before its measurement starts.")
+    group.add_argument("--json", default="", metavar="PATH",
+                       help="Also write every number, with the machine, to this JSON file.")
+    return parser
+
+
+def bench_config(cfg: Config, train_dir: str, experiment: str, warmup: float, seconds: float) -> Config:
+    """The user's config in a throwaway experiment, stopping at the latest after
+    startup + warm-up + window (the observer moves the stop to the window's end).
+    Reward and frame targets are dropped (they would end the window early), and W&B
+    is off: a bench run is not an experiment."""
+    return dataclasses.replace(
+        cfg, train_dir=train_dir, experiment=experiment, restart=True, train_for_env_frames=0,
+        train_for_seconds=STARTUP_S + warmup + seconds, stop_at_reward=None, with_wandb=False,
+        status_every_seconds=NEVER_S, checkpoint_every_seconds=NEVER_S)
+
+
+def forward_batch_sizes(cfg: Config) -> list:
+    """Inference batch sizes the config produces, the planned one last. A local worker
+    acts on its own envs; a policy worker batches whatever splits wait when it looks,
+    on average about one split from each worker it serves (the other is being stepped)."""
+    if cfg.inference == "local":
+        return [cfg.envs_per_split]
+    served = max(cfg.envs_per_split, cfg.num_workers * cfg.envs_per_split // cfg.num_policy_workers)
+    return sorted({cfg.envs_per_split, served})
+
+
+class _Progress:
+    """One tqdm bar over every mode's planned seconds (startup time is not counted)."""
+
+    def __init__(self, plan: dict):
+        self._plan, self._base, self._mode = plan, 0.0, ""
+        self._bar = tqdm(total=round(sum(plan.values())), unit="s", leave=False, mininterval=0.5,
+                         bar_format="bench {desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s")
+
+    def start(self, mode: str) -> None:
+        self._base = self._bar.n
+        self._mode = mode
+        self._bar.set_description_str(mode)
+
+    def at(self, elapsed: float) -> None:
+        target = self._base + min(elapsed, self._plan[self._mode])
+        if target > self._bar.n:
+            self._bar.update(target - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _cpu_seconds(runner) -> tuple:
+    """(CPU seconds used so far by this process and the run's processes with their
+    children (Doom engines), busy CPU seconds of the whole machine). Their changes
+    over the window tell whether other programs took cores from the run."""
+    procs = [psutil.Process()]
+    for p in runner.processes:
+        try:
+            child = psutil.Process(p.pid)
+            procs += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            pass  # it ended: its CPU time leaves the sum, a small undercount for a restarted worker
+    ours = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            ours += t.user + t.system
+        except psutil.Error:
+            pass
+    m = psutil.cpu_times()
+    machine = m.user + m.nice + m.system + getattr(m, "irq", 0.0) + getattr(m, "softirq", 0.0) + getattr(m, "steal", 0.0)
+    return ours, machine
+
+
+class _Window:
+    """The runner's observer: board snapshots that bound the measurement window.
+
+    The warm-up starts only once the pipeline flows (every process is in its loop
+    and the consumer has had its first trajectories): startup takes seconds and,
+    counted in, would leave one long wait span inside the window.
+
+    The window's edges are polls at which the consumer has just taken a batch. A
+    timer adds a span only when it ends, so an edge inside a long span (a learner
+    step of a second, a worker waiting for it) would miscount up to a whole span;
+    edges at the same point of the consumer's cycle count whole cycles. Without two
+    such points (a learner slower than the window) the edges are the first and last
+    polls after the warm-up. The lag of every learner batch is kept too, as the
+    board holds only the last batch's.
+    """
+
+    def __init__(self, warmup: float, seconds: float, progress: _Progress):
+        self.warmup, self.seconds, self.progress = warmup, seconds, progress
+        self.flowing_at = None
+        self.first = self.last = None  # polls after the warm-up
+        self.start = self.end = None  # polls just after the consumer took a batch
+        self.lags: list = []  # (elapsed, (min, mean, p90, max)) per learner batch
+        self._received = self._version = None
+
+    def __call__(self, runner, elapsed: float) -> None:
+        board = runner.ctx.board
+        if self.flowing_at is None:
+            started = all(board.get(r, "heartbeat") > 0 for r in board.row_names if r != "runner")
+            if not (started and board.get("learner", "samples_received") > 0):
+                return
+            self.flowing_at = elapsed
+            # The run's stop condition, moved to the end of the window now that it is known.
+            runner.cfg.train_for_seconds = elapsed + self.warmup + self.seconds
+        self.progress.at(elapsed - self.flowing_at)
+        received, version = board.get("learner", "samples_received"), board.get("learner", "learner_steps")
+        took_batch, self._received = received != self._received, received
+        if version != self._version and self.first is not None:
+            lag = tuple(board.get("learner", f) for f in ("lag_min", "lag_mean", "lag_p90", "lag_max"))
+            self.lags.append((elapsed, lag))
+        self._version = version
+        if elapsed < self.flowing_at + self.warmup:
+            return
+        rows = {row: {f: board.get(row, f) for f in FIELDS} for row in board.row_names}
+        snap = (elapsed, rows, _cpu_seconds(runner))
+        if self.first is None:
+            self.first = snap
+        self.last = snap
+        if took_batch:
+            if self.start is None:
+                self.start = snap
+            else:
+                self.end = snap
+
+    def edges(self):
+        """(start, end) snapshots, each (elapsed, {row: {field: value}}, cpu seconds), or None."""
+        if self.end is not None:
+            return self.start, self.end
+        if self.last is not None and self.last[0] > self.first[0]:
+            return self.first, self.last
+        return None
+
+    def lags_within(self, t0: float, t1: float) -> list:
+        return [lag for t, lag in self.lags if t0 < t <= t1]
+
+
+def _rate_report(window: _Window, learn: bool) -> dict:
+    """Rates, fractions, lag and the bottleneck over the window."""
+    (t0, s0, cpu0), (t1, s1, cpu1) = window.edges()
+    dt = t1 - t0
+    lags = window.lags_within(t0, t1)
+
+    def delta(row: str, field: str) -> float:
+        return s1[row][field] - s0[row][field]
+
+    def rows(prefix: str) -> list:
+        return [r for r in s1 if r.startswith(prefix)]
+
+    def fractions(names: list, fields=("busy", "wait", "comm")) -> dict:
+        # Timers add a span when it ends, so one long learner step straddling an edge
+        # of the window can push a share slightly past 1: clamp to what is possible.
+        out = {f: min(1.0, sum(delta(r, f + "_s") for r in names) / len(names) / dt) for f in fields}
+        return {**out, "count": len(names)}
+
+    steps = sum(delta(r, "env_steps") for r in rows("rollout_"))
+    frames = sum(delta(r, "env_frames") for r in rows("rollout_"))
+    received = delta("learner", "samples_received")
+    consumer = "learner" if learn else "sink"
+    parts = {"rollout": fractions(rows("rollout_"))}
+    if rows("policy_"):
+        parts["policy"] = fractions(rows("policy_"))
+    # The sink does no computing, only waiting and freeing buffers: it has no busy share.
+    parts[consumer] = fractions(["learner"], ("busy", "wait", "comm") if learn else ("wait", "comm"))
+    result = {
+        "window_s": dt,
+        "frames_per_s": frames / dt,
+        "steps_per_s": steps / dt,
+        "throughput": {"produced_per_s": steps / dt, "received_per_s": received / dt},
+        "fractions": parts,
+    }
+    if learn:
+        trained, learner_steps = delta("learner", "samples_trained"), delta("learner", "learner_steps")
+        result["throughput"]["trained_per_s"] = trained / dt
+        result["learner_steps_per_s"] = learner_steps / dt
+        if lags:
+            lag_mean = sum(lag[1] for lag in lags) / len(lags)
+            result["lag"] = {"min": min(lag[0] for lag in lags), "mean": lag_mean,
+                             "p90": sum(lag[2] for lag in lags) / len(lags), "max": max(lag[3] for lag in lags)}
+            # Staleness in time: a sample `lag` learner steps old was produced about
+            # lag x (seconds per learner step) before it was trained on.
+            result["staleness"] = {"mean_age_s": lag_mean * dt / learner_steps,
+                                   "dropped_fraction": delta("learner", "samples_dropped") / max(received, 1.0)}
+    restarts = sum(delta(r, "env_restarts") for r in rows("rollout_"))
+    if restarts:  # reported only when it happened: the rates then include failing envs
+        result["env_restarts"] = restarts
+    ours, machine = (cpu1[0] - cpu0[0]) / dt, (cpu1[1] - cpu0[1]) / dt
+    result["cpu_cores_used"] = {"by_this_run": ours, "by_other_programs": max(0.0, machine - ours)}
+    result["bottleneck"] = diagnose(parts, cores=usable_cores(), others_cores=max(0.0, machine - ours))
+    return result
+
+
+def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, progress: _Progress) -> dict:
+    """Run the trainer (learn=True) or the sampling system with a sink (learn=False)
+    for warm-up + window and report the window."""
+    from fastrl.runner import Runner  # the runner pulls in every process module; env/infer modes do not need it
+
+    runner = Runner(cfg, learn=learn)
+    window = _Window(warmup, seconds, progress)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the runner's own status lines would break the bar and the table
+        code = runner.run(observer=window)
+    mode = "train" if learn else "sample"
+    if code != 0:
+        raise BenchError(f"the {mode} run stopped with exit code {code}:\n{log.getvalue().rstrip()}")
+    if window.edges() is None:
+        raise BenchError(f"the {mode} run never started flowing within {STARTUP_S:.0f} s, so nothing was measured:\n"
+                         f"{log.getvalue().rstrip()}")
+    return _rate_report(window, learn)
+
+
+def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: float) -> dict:
+    """Measure `modes` of the layout `python -m fastrl.train` would run with these
+    options (`explicit`: the ones the user set, which a plan keeps) and return the
+    whole report (what --json writes)."""
+    if not seconds > 0 or not warmup >= 0:
+        raise ConfigError(f"--seconds {seconds:g} must be positive and --warmup {warmup:g} not negative.")
+    from fastrl import planner
+    from fastrl.runner import prepare_experiment, resolve_device
+
+    train_dir = tempfile.mkdtemp(prefix="fastrl-bench-")
+    try:
+        # Every check the trainer makes (unknown env, bad options) and its plan, before anything runs.
+        _, plan, spec, obs_space, action_space, *_ = prepare_experiment(
+            bench_config(cfg, train_dir, "plan", warmup, seconds), explicit)
+        # Planned once, then kept: every mode measures the same layout, and the sample and
+        # train runs do not profile again.
+        cfg = dataclasses.replace(planner.apply(cfg, plan) if plan else cfg, plan="off")
+        report = {"env": cfg.env, "frameskip": spec.frameskip, "modes": list(modes), "seconds": seconds,
+                  "warmup": warmup, "machine": machine_info(), "config": cfg.to_dict(), "results": {}}
+        if plan:
+            report["plan"] = {"description": planner.describe(plan, spec.frameskip), **dataclasses.asdict(plan)}
+        results = report["results"]
+        progress = _Progress({m: seconds + (0 if m == "infer" else warmup) for m in modes})
+        try:
+            if "env" in modes:
+                progress.start("env")
+                env = measure_env(cfg, cfg.num_workers, seconds, warmup, progress=progress.at)
+                results["env"] = env.to_dict()
+            if "infer" in modes:
+                progress.start("infer")
+                batches = forward_batch_sizes(cfg)
+                threads = sorted({1, cfg.torch_threads, cfg.learner_threads or cfg.torch_threads})
+                model = measure_model(cfg, obs_space, action_space, batches, threads,
+                                      seconds, device=resolve_device(cfg), progress=progress.at)
+                results["infer"] = {**model.to_dict(), "forward_batch": batches[-1],
+                                    "learner_core_s_per_sample": model.learner_core_s()}
+                if "env" in modes:
+                    results["infer"]["compute_bound"] = compute_bound_limit(env, model, batches[-1], usable_cores())
+            for mode, learn in (("sample", False), ("train", True)):
+                if mode in modes:
+                    progress.start(mode)
+                    results[mode] = measure_runner(bench_config(cfg, train_dir, mode, warmup, seconds),
+                                                   learn, warmup, seconds, progress)
+        finally:
+            progress.close()
+    finally:
+        shutil.rmtree(train_dir, ignore_errors=True)
+    report["ratios"] = _ratios(results)
+    last = next((results[m] for m in ("train", "sample") if m in results), None)
+    if last:
+        report["bottleneck"] = last["bottleneck"]
+    return report
+
+
+def _ratios(results: dict) -> dict:
+    ratios = {}
+    env_fps = results.get("env", {}).get("frames_per_s")
+    bound = results.get("infer", {}).get("compute_bound")
+    for mode in ("sample", "train"):
+        if mode in results and env_fps:
+            ratios[f"{mode}_over_env_limit"] = results[mode]["frames_per_s"] / env_fps
+    if "train" in results and bound:
+        ratios["train_over_compute_bound"] = results["train"]["steps_per_s"] / bound["steps_per_s"]
+    return ratios
+
+
+# --------------------------------------------------------------------------------------
+# The printed report
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} us"
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def format_report(report: dict) -> str:
+    r, m, cfg = report["results"], report["machine"], Config(**report["config"])
+    gpu = m["gpu"] or "no GPU"
+    lines = [
+        f"fastrl bench: {report['env']}, {_count(cfg.num_workers, 'rollout worker', 'rollout workers')} x "
+        f"{_count(cfg.num_envs_per_worker, 'env', 'envs')}, inference {cfg.inference}, torch_threads "
+        f"{cfg.torch_threads}; {report['seconds']:g} s per mode after {report['warmup']:g} s warm-up",
+        f"machine: {m['cpu']}, {m['usable_cores']} usable cores, {gpu}, torch {m['torch']}, python {m['python']}",
+    ]
+    if "plan" in report:
+        lines.append(f"layout chosen by the planner, {report['plan']['description']}")
+    table = []
+
+    def row(mode: str, fps: float, sps: float, note: str) -> None:
+        table.append(f"{mode:<8}{fps:>14,.0f}{sps:>15,.0f}   {note}")
+
+    ratios = report["ratios"]
+    if "env" in r:
+        e = r["env"]
+        row("env", e["frames_per_s"], e["steps_per_s"],
+            f"env-limit: {_count(e['num_procs'], 'process', 'processes')} x "
+            f"{_count(e['envs_per_proc'], 'env', 'envs')}, random actions, no model")
+    if "infer" in r and "compute_bound" in r["infer"]:
+        b = r["infer"]["compute_bound"]
+        row("infer", b["frames_per_s"], b["steps_per_s"], f"compute-bound limit on {b['cores']} cores (see below)")
+    if "sample" in r:
+        note = f"{ratios['sample_over_env_limit']:.2f} x env-limit" if "sample_over_env_limit" in ratios else ""
+        row("sample", r["sample"]["frames_per_s"], r["sample"]["steps_per_s"], note)
+    if "train" in r:
+        notes = [f"{ratios[k]:.2f} x {name}" for k, name in
+                 (("train_over_env_limit", "env-limit"), ("train_over_compute_bound", "compute-bound limit")) if k in ratios]
+        row("train", r["train"]["frames_per_s"], r["train"]["steps_per_s"], ", ".join(notes))
+    if table:
+        lines += ["", f"{'mode':<8}{'env frames/s':>14}{'agent steps/s':>15}   notes", *table,
+                  f"(env frames = agent steps x frameskip {report['frameskip']})"]
+    if "plan" in report and "train" in r:
+        predicted = report["plan"]["predicted"]["trained_steps_per_s"]
+        lines.append(f"train measured {r['train']['throughput']['trained_per_s'] / predicted:.0%} of the plan's "
+                     f"predicted {predicted * report['frameskip']:,.0f} env frames/s trained")
+    if "infer" in r:
+        lines += ["", *_compute_lines(r["infer"])]
+    for mode in ("train", "sample"):
+        if mode in r:
+            lines += ["", *_time_lines(mode, r[mode], cfg, m["usable_cores"])]
+            break
+    return "\n".join(lines)
+
+
+def _compute_lines(infer: dict) -> list:
+    out = ["model compute (infer), wall time per sample:"]
+    for threads, per_batch in infer["forward"].items():
+        for batch, f in per_batch.items():
+            out.append(f"  forward  {threads} thread(s), batch {batch:>6}: {_us(f['s_per_sample']):>10}"
+                       f"  ({f['samples_per_s']:,.0f} samples/s)")
+    for threads, t in infer["train"].items():
+        out.append(f"  fwd+bwd  {threads} thread(s), minibatch {t['minibatch']}: {_us(t['s_per_sample']):>10}"
+                   f"  ({t['samples_per_s']:,.0f} samples/s), x {infer['ppo_epochs']} epochs per trained sample")
+    if "compute_bound" in infer:
+        b = infer["compute_bound"]
+        c = b["core_s_per_step"]
+        out.append(f"  compute-bound limit = {b['cores']} cores / (env {_us(c['env'])} + forward {_us(c['forward'])}"
+                   f" + learn {_us(c['learn'])} per agent step, in core time) = {b['steps_per_s']:,.0f} steps/s")
+    else:
+        out.append("  (the compute-bound limit needs the env measurement too: --mode all)")
+    return out
+
+
+def _time_lines(mode: str, res: dict, cfg: Config, cores: int) -> list:
+    t = res["throughput"]
+    consumer = "learner" if mode == "train" else "sink"
+    flow = f"produced by actors {t['produced_per_s']:,.0f} | received by {consumer} {t['received_per_s']:,.0f}"
+    if "trained_per_s" in t:
+        flow += f" | trained by learner {t['trained_per_s']:,.0f}"
+    out = [f"where the time goes ({mode}, {res['window_s']:.1f} s window):", f"  samples/s: {flow}",
+           f"  {'component':<14}{'busy':>6}{'wait':>7}{'comm':>7}"]
+    for name, f in res["fractions"].items():
+        label = f"{name} x{f['count']}" if f["count"] > 1 else name
+        cells = "".join(f"{f[k] * 100:>6.0f}%" if k in f else f"{'-':>7}" for k in ("busy", "wait", "comm"))
+        out.append(f"  {label:<13}{cells}")
+    if "lag" in res:
+        lag, st = res["lag"], res["staleness"]
+        out.append(f"  policy lag (learner steps): min {lag['min']:.0f}, mean {lag['mean']:.2f}, p90 {lag['p90']:.1f},"
+                   f" max {lag['max']:.0f}; staleness: samples {st['mean_age_s']:.3f} s old on average,"
+                   f" {st['dropped_fraction']:.1%} dropped past max_policy_lag {cfg.max_policy_lag}")
+    elif mode == "train":
+        out.append("  policy lag: the learner finished no batch in the window; raise --seconds.")
+    cpu = res["cpu_cores_used"]
+    out.append(f"  CPU: this run used {cpu['by_this_run']:.2f} cores, other programs {cpu['by_other_programs']:.2f}"
+               f" (of {cores} usable)")
+    if "env_restarts" in res:
+        out.append(f"  warning: envs raised and were restarted {res['env_restarts']:.0f} times in the window;"
+                   " these rates include the failures.")
+    out.append(f"  bottleneck: {res['bottleneck']}")
+    return out
+
+
+def main(argv=None) -> int:
+    cfg, extra = parse_args(argv, build_bench_parser())
+    torch.set_num_threads(1)  # this process only watches the runs; measure_model sets its own threads
+    modes = list(MODES) if extra.mode == "all" else [extra.mode]
+    if extra.json and not os.access(os.path.dirname(os.path.abspath(extra.json)), os.W_OK):
+        print(f"fastrl.bench: error: --json {extra.json} cannot be written (its folder is missing or read-only); "
+              "choose another path.", file=sys.stderr)
+        return 2
+    try:
+        report = run_bench(cfg, extra.explicit, modes, extra.seconds, extra.warmup)
+    except ConfigError as err:
+        print(f"fastrl.bench: error: {err}", file=sys.stderr)
+        return 2
+    except (BenchError, ProfilingError) as err:
+        print(f"fastrl.bench: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fastrl.bench: interrupted.", file=sys.stderr)
+        return 130
+    print(format_report(report))
+    if extra.json:
+        with open(extra.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+        print(f"wrote {os.path.abspath(extra.json)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Naming the bottleneck from where each component's time goes.
+
+Input: per component, the fractions of wall time it spent busy (computing),
+waiting (for work, for actions, or for a free buffer) and communicating (queue
+operations and copies in and out of shared memory), averaged over its processes.
+
+The rule: in a pipeline the limiting stage is the one that never waits while the
+stages around it wait on it. Each component scores its active share (busy plus
+communicating) minus its waiting share, and the highest score is the bottleneck.
+The sentence quotes the waiting of the stage it holds up, which is the evidence:
+the rollout workers for a learner (they wait for free buffers) or a policy worker
+(they wait for actions), the consumer for rollout workers (it waits for
+trajectories). Two special cases:
+- balanced: the two top components are both nearly always active and score
+  within a few percent of each other; neither holds the other up.
+- latency-bound: no component is active even half of its time, so the time is
+  lost in the round trips between them.
+
+A pure function of numbers, so it is tested on hand-made fractions and reused on
+anything that fills the same dict (bench windows, the planner's predictions).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+SATURATED = 0.5  # a component active less than this share of its time limits nobody
+BALANCED_ACTIVE = 0.9  # both top components at least this active ...
+BALANCED_SCORES = 0.05  # ... and their scores this close: neither holds the other up
+COMM_WORTH_NAMING = 0.2  # communication share large enough to mention next to busy
+OVERSUBSCRIBED = 1.05  # active core-equivalents over the cores (slack for timer noise)
+OTHERS_WORTH_NAMING = 0.25  # cores used by other programs worth a warning
+
+
+class _Role(NamedTuple):
+    label: str  # when this component limits
+    noun: str
+    be: str
+    doing: str  # what its busy time is spent on
+    wait: str
+
+
+_ROLES = {
+    "rollout": _Role("env-bound", "rollout workers", "are", "stepping envs", "wait"),
+    "policy": _Role("inference-bound", "policy workers", "are", "computing actions", "wait"),
+    "learner": _Role("learner-bound", "the learner", "is", "training", "waits"),
+    "sink": _Role("sink-bound", "the sink", "is", "freeing buffers", "waits"),
+}
+# whose waiting shows that a component holds the others up, in order of preference
+_EVIDENCE = {"rollout": ("learner", "sink", "policy"), "policy": ("rollout",), "learner": ("rollout",),
+             "sink": ("rollout",)}
+
+
+def _pct(x: float) -> str:
+    return f"{round(100 * x)}%"
+
+
+def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optional[float] = None) -> str:
+    """One sentence naming the bottleneck.
+
+    fractions: {component: {"busy": f, "wait": f, "comm": f, "count": n}} with
+    components among rollout, policy, learner, sink; a missing fraction counts as
+    0 and a missing count as 1 process. Without a "policy" entry the rollout
+    workers compute their own actions (local inference), and the sentence says so.
+    cores: if given and the components' active time adds up to more cores than
+    that, the sentence adds that the processes also compete for CPU.
+    others_cores: cores other programs on the machine used meanwhile; named when
+    they took a noticeable share, since then every rate is lower than it could be.
+    """
+    unknown = set(fractions) - set(_ROLES)
+    if unknown or not fractions:
+        raise ValueError(f"fractions must name components among {sorted(_ROLES)}, got {sorted(fractions)}.")
+
+    def get(c: str, key: str) -> float:
+        return float(fractions[c].get(key, 0.0))
+
+    active = {c: get(c, "busy") + get(c, "comm") for c in fractions}
+    ranked = sorted(fractions, key=lambda c: active[c] - get(c, "wait"), reverse=True)
+    top = ranked[0]
+    role = _ROLES[top]
+    if active[top] < SATURATED:
+        sentence = (f"latency-bound: no component is active half of its time (the busiest: {role.noun} {role.be} "
+                    f"busy {_pct(get(top, 'busy'))}), so the time goes to round trips between them")
+    elif (len(ranked) > 1 and min(active[top], active[ranked[1]]) >= BALANCED_ACTIVE
+          and (active[top] - get(top, "wait")) - (active[ranked[1]] - get(ranked[1], "wait")) < BALANCED_SCORES):
+        second = ranked[1]
+        sentence = (f"balanced: {role.noun} (busy {_pct(get(top, 'busy'))}) and {_ROLES[second].noun} (busy "
+                    f"{_pct(get(second, 'busy'))}) keep pace with each other, neither waits more than "
+                    f"{_pct(max(get(top, 'wait'), get(second, 'wait')))}")
+    else:
+        doing = role.doing
+        if top == "rollout" and "policy" not in fractions:
+            doing = "stepping envs and computing their actions"
+        sentence = f"{role.label}: {role.noun} {role.be} busy {_pct(get(top, 'busy'))} {doing}"
+        if get(top, "comm") >= COMM_WORTH_NAMING:
+            sentence += f" and {_pct(get(top, 'comm'))} moving data"
+        waiter = next((c for c in _EVIDENCE[top] if c in fractions), None)
+        if waiter:
+            sentence += f", {_ROLES[waiter].noun} {_ROLES[waiter].wait} {_pct(get(waiter, 'wait'))}"
+    if cores:
+        demand = sum(active[c] * fractions[c].get("count", 1) for c in fractions)
+        if demand > cores * OVERSUBSCRIBED:
+            sentence += (f"; together the processes are active {demand:.1f} cores' worth on {cores:g} cores,"
+                         " so they also wait for CPU")
+    if others_cores is not None and others_cores >= OTHERS_WORTH_NAMING:
+        of = f" of its {cores:g}" if cores else ""
+        sentence += f"; other programs on this machine used {others_cores:.1f}{of} cores meanwhile"
+    return sentence + "."

@@ -1,0 +1,409 @@
+"""Measuring what this machine can do, as a library: the bench CLI prints these
+numbers and the resource planner decides process layouts from them.
+
+- `measure_env`: raw env stepping in N spawned processes, random actions, no model.
+- `measure_model`: the model's forward cost per sample at inference batch sizes and
+  its learner cost (forward, backward and optimiser step of the real APPO loss) per
+  sample, at given torch thread counts.
+- `compute_bound_limit`: the rate at which these cores could step the envs and run
+  the model's forward and backward passes if nothing ever waited.
+- `machine_info`: the CPU, cores, GPU and software versions a result belongs to.
+
+The planner adds up the cost of stepping, acting and learning and divides the
+cores among them, so every cost it needs comes in core-seconds per sample (threads
+x wall seconds): EnvProfile.seconds_per_step, ModelProfile.forward_core_s() and
+ModelProfile.learner_core_s(). ModelProfile also keeps the wall times per thread
+count it was measured at.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import platform
+import queue
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
+
+import gymnasium as gym
+import psutil
+import torch
+
+from envs.registry import get_spec
+from fastrl.appo_loss import appo_loss
+from fastrl.inference import build_model
+from fastrl.proc import run_child
+from fastrl.rollout_worker import env_options
+
+ENV_START_TIMEOUT_S = 300.0  # creating many ViZDoom games can take minutes on a busy machine
+ENV_FINISH_SLACK_S = 60.0  # one round of stepping every env may overrun the window
+JOIN_TIMEOUT_S = 10.0
+POLL_S = 0.1
+WARMUP_CALLS = 2  # untimed calls before each model measurement: first calls allocate
+
+
+class ProfilingError(RuntimeError):
+    """A measurement failed; the message names the process and carries its traceback."""
+
+
+Progress = Optional[Callable[[float], None]]  # called with the seconds measured so far
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (a container or taskset may allow fewer than exist)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------------------
+# Env stepping
+
+@dataclass
+class EnvProfile:
+    """Raw env stepping measured in `num_procs` processes of `envs_per_proc` envs each.
+
+    steps_per_s and frames_per_s are aggregate over all processes (frames = agent
+    steps x frameskip). seconds_per_step is the core-seconds one env step costs:
+    the cores in use (min(num_procs, cores)) divided by steps_per_s, which is the
+    wall time of one step of one env in one process when the processes do not
+    outnumber the cores, and corrects for time-sharing when they do.
+    """
+    env: str
+    num_procs: int
+    envs_per_proc: int
+    frameskip: int
+    window_s: float
+    steps_per_s: float
+    frames_per_s: float
+    seconds_per_step: float
+    seconds_per_frame: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, results) -> None:
+    """One measuring process: make the envs, report ready, wait for the common start,
+    step with random actions through the warm-up, then count steps over the window."""
+    spec = get_spec(cfg.env)
+    envs = []
+    try:
+        for i in range(cfg.num_envs_per_worker):
+            seed = cfg.seed * 100_000 + index * cfg.num_envs_per_worker + i
+            env = spec.make(seed=seed, **env_options(cfg))
+            envs.append(env)
+            env.reset(seed=seed)
+            env.action_space.seed(seed)
+        ready.put(index)
+        go.wait()
+
+        def step_all() -> None:
+            for env in envs:
+                _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                if terminated or truncated:
+                    env.reset()
+
+        end = time.perf_counter() + warmup
+        while time.perf_counter() < end:
+            step_all()
+        steps, start = 0, time.perf_counter()
+        end = start + seconds
+        while time.perf_counter() < end:
+            step_all()
+            steps += len(envs)
+        results.put((index, steps, time.perf_counter() - start))
+    finally:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass  # closing the others matters more than this one's complaint
+
+
+def measure_env(cfg, num_procs: int, seconds: float, warmup: float, progress: Progress = None) -> EnvProfile:
+    """Step cfg.num_envs_per_worker envs of cfg.env in each of `num_procs` spawned
+    processes with random actions (autoreset, no model) for `warmup` then `seconds`
+    seconds. All processes start stepping together once every env exists, so env
+    creation never counts. Raises ProfilingError (with the child's traceback) if a
+    process fails."""
+    spec = get_spec(cfg.env)
+    # Plain spawn rather than the runner's forkserver: starting that server imports
+    # torch and the trainer in the background, which would compete with this
+    # measurement for the cores.
+    mp = multiprocessing.get_context("spawn")
+    ready, results, errors, go = mp.Queue(), mp.Queue(), mp.Queue(), mp.Event()
+    procs = [mp.Process(target=run_child, name=f"env-bench {i}",
+                        args=(f"env-bench {i}", 1, errors, _step_envs_child, i, cfg, warmup, seconds, ready, go, results))
+             for i in range(num_procs)]
+    for p in procs:
+        p.start()
+    try:
+        _collect(procs, ready, errors, num_procs, ENV_START_TIMEOUT_S, "create its envs")
+        go.set()
+        start = time.time()
+        report = (lambda: progress(time.time() - start)) if progress else None
+        done = _collect(procs, results, errors, num_procs, warmup + seconds + ENV_FINISH_SLACK_S, "finish stepping", report)
+    finally:
+        _stop(procs)
+    steps_per_s = sum(steps / elapsed for _, steps, elapsed in done)
+    seconds_per_step = min(num_procs, usable_cores()) / steps_per_s
+    return EnvProfile(
+        env=cfg.env, num_procs=num_procs, envs_per_proc=cfg.num_envs_per_worker, frameskip=spec.frameskip,
+        window_s=sum(elapsed for _, _, elapsed in done) / len(done),
+        steps_per_s=steps_per_s, frames_per_s=steps_per_s * spec.frameskip,
+        seconds_per_step=seconds_per_step, seconds_per_frame=seconds_per_step / spec.frameskip)
+
+
+def _collect(procs, source, errors, count: int, timeout: float, what: str, tick=None) -> list:
+    """`count` messages from `source`, failing fast on a child's error or death."""
+    got, deadline = [], time.time() + timeout
+    while len(got) < count:
+        try:
+            name, tb = errors.get_nowait()
+            raise ProfilingError(f"{name} failed while measuring env stepping:\n{tb}")
+        except queue.Empty:
+            pass
+        try:
+            got.append(source.get(timeout=POLL_S))
+            continue
+        except queue.Empty:
+            pass
+        if tick:
+            tick()
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            time.sleep(0.5)  # give its traceback time to arrive, then report it
+            try:
+                name, tb = errors.get_nowait()
+            except queue.Empty:
+                name, tb = dead[0].name, f"exit code {dead[0].exitcode}, no traceback"
+            raise ProfilingError(f"{name} failed while measuring env stepping:\n{tb}")
+        if time.time() > deadline:
+            raise ProfilingError(f"an env-bench process did not {what} within {timeout:.0f} s; "
+                               "check that the env can be created and stepped on its own.")
+    return got
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        p.join(JOIN_TIMEOUT_S)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()  # SIGTERM unwinds the child through its finally: envs (and games) close
+            p.join(JOIN_TIMEOUT_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+# --------------------------------------------------------------------------------------
+# Model compute
+
+@dataclass
+class ModelProfile:
+    """The model's compute cost on this machine, per torch thread count.
+
+    forward_s_per_sample[threads][batch]: wall seconds per sample of one inference
+    forward (`act` under no_grad) at that batch size.
+    train_s_per_sample[threads]: wall seconds per sample of one learner gradient step
+    (forward, APPO loss, backward, gradient clipping, Adam) on a minibatch of
+    `train_minibatch` samples, the size the learner really steps on
+    (batch_size / num_minibatches). Each sample goes through `ppo_epochs` such steps.
+    """
+    device: str
+    threads: list
+    forward_batch_sizes: list
+    forward_s_per_sample: dict
+    train_minibatch: int
+    ppo_epochs: int
+    train_s_per_sample: dict
+
+    def forward_core_s(self, batch: int) -> float:
+        """Core-seconds per sample of a forward at `batch`, at the most core-efficient
+        thread count measured (extra threads rarely pay for the cores they take)."""
+        return min(t * per[batch] for t, per in self.forward_s_per_sample.items())
+
+    def learner_core_s(self) -> float:
+        """Core-seconds the learner spends per sample it trains on (all its epochs)."""
+        return self.ppo_epochs * min(t * s for t, s in self.train_s_per_sample.items())
+
+    def to_dict(self) -> dict:
+        """JSON-ready: thread counts and batch sizes become string keys, with samples/s."""
+        return {
+            "device": self.device,
+            "ppo_epochs": self.ppo_epochs,
+            "forward": {str(t): {str(b): {"s_per_sample": s, "samples_per_s": 1.0 / s} for b, s in per.items()}
+                        for t, per in self.forward_s_per_sample.items()},
+            "train": {str(t): {"minibatch": self.train_minibatch, "s_per_sample": s, "samples_per_s": 1.0 / s}
+                      for t, s in self.train_s_per_sample.items()},
+        }
+
+
+def _fake_obs(model, obs_space, lead: tuple, gen: torch.Generator) -> dict:
+    """Random observations {key: [*lead, *shape]} in the model's storage dtypes."""
+    obs = {}
+    for key, (shape, dtype) in model.layout.items():
+        size = (*lead, *shape)
+        if dtype == torch.uint8:
+            obs[key] = torch.randint(0, 256, size, dtype=torch.uint8, generator=gen)
+        elif dtype == torch.int64:  # a Discrete observation: stay inside its values
+            space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
+            obs[key] = torch.randint(int(space.start), int(space.start + space.n), size, generator=gen)
+        else:
+            obs[key] = torch.randn(size, generator=gen)
+    return obs
+
+
+def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
+    """A learner minibatch of the real shapes: [T+1, B] obs, [T, B] the rest, with the
+    actions and behaviour log-probs the model itself would produce on those obs."""
+    T, B = cfg.rollout, cfg.batch_size // cfg.rollout // cfg.num_minibatches
+    obs = _fake_obs(model, obs_space, (T + 1, B), gen)
+    with torch.no_grad():
+        out = model.act({k: v[:-1].flatten(0, 1) for k, v in obs.items()}, torch.zeros(T * B, model.rnn_state_size))
+    return {
+        "obs": obs,
+        "rnn_state0": torch.zeros(B, model.rnn_state_size),
+        "episode_start": torch.rand(T + 1, B, generator=gen) < 0.02,
+        "actions": out.actions.view(T, B, -1),
+        "behaviour_logp": out.logp.view(T, B),
+        "rewards": torch.randn(T, B, generator=gen),
+        "terminated": (torch.rand(T, B, generator=gen) < 0.01).float(),
+        "valid": torch.ones(T, B),
+    }
+
+
+def _gradient_step(cfg, model, optimizer, mb: dict) -> None:
+    """What the learner does per minibatch (fastrl.learner.Learner._gradient_step)
+    without its bookkeeping. The fake data has no truncations, so the bootstrap
+    values are zeros; the real learner's extra forward on the few truncated
+    observations is negligible next to the unroll."""
+    ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
+    zeros = torch.zeros_like(mb["rewards"])
+    out = appo_loss(
+        logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
+        r_t=mb["rewards"], terminated_t=mb["terminated"], truncated_t=zeros,
+        v_final_t=zeros, entropy_t=ev.entropy, valid_t=mb["valid"],
+        gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
+        value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    out.total.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+    optimizer.step()
+
+
+def _time_per_call(fn, budget: float, sync, tick) -> float:
+    """Mean wall seconds of fn() over at least one call and about `budget` seconds."""
+    for _ in range(WARMUP_CALLS):
+        fn()
+    sync()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        sync()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        tick(elapsed)
+        if elapsed >= budget:
+            return elapsed / calls
+
+
+def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
+                  seconds: float, device: str = "cpu", progress: Progress = None) -> ModelProfile:
+    """Time the model of `cfg` on random data: a forward at every size in `batch_sizes`
+    and a learner gradient step on one minibatch, with torch.set_num_threads(t) for
+    each t in `threads`. `seconds` is the whole budget, shared evenly by the
+    measurements. Runs in this process and restores its thread count."""
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, obs_space, action_space).to(dev)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
+                 for k, v in _fake_minibatch(cfg, model, obs_space, gen).items()}
+    inputs = {b: ({k: v.to(dev) for k, v in _fake_obs(model, obs_space, (b,), gen).items()},
+                  torch.zeros(b, model.rnn_state_size, device=dev)) for b in batch_sizes}
+    samples = minibatch["rewards"].numel()
+    budget = seconds / (len(threads) * (len(batch_sizes) + 1))
+    done = 0.0
+
+    def tick(elapsed: float) -> None:
+        if progress:
+            progress(min(seconds, done + elapsed))
+
+    forward, train = {}, {}
+    previous = torch.get_num_threads()
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            model.eval()
+            forward[t] = {}
+            for b, (obs, rnn) in inputs.items():
+                with torch.no_grad():
+                    forward[t][b] = _time_per_call(lambda: model.act(obs, rnn), budget, sync, tick) / b
+                done += budget
+            model.train()
+            step = _time_per_call(lambda: _gradient_step(cfg, model, optimizer, minibatch), budget, sync, tick)
+            train[t] = step / samples
+            done += budget
+    finally:
+        torch.set_num_threads(previous)
+    return ModelProfile(device=str(dev), threads=list(threads), forward_batch_sizes=list(batch_sizes),
+                        forward_s_per_sample=forward, train_minibatch=samples,
+                        ppo_epochs=cfg.ppo_epochs, train_s_per_sample=train)
+
+
+# --------------------------------------------------------------------------------------
+# The limit both imply
+
+def compute_bound_limit(env: EnvProfile, model: ModelProfile, forward_batch: int, cores: int) -> dict:
+    """The agent steps/s `cores` cores could sustain if every core only computed.
+
+    Every agent step costs one env step, one forward (at `forward_batch`) and the
+    learner's share of training on it (ppo_epochs gradient passes), each in
+    core-seconds; with C cores the limit is C / (env + forward + learn). It ignores
+    communication and assumes perfect packing, so it is an upper bound that a
+    trainer can approach but not pass. On a GPU the model's share runs beside the
+    cores, and the limit this formula gives is too low.
+    """
+    per_step = {"env": env.seconds_per_step, "forward": model.forward_core_s(forward_batch),
+                "learn": model.learner_core_s()}
+    steps_per_s = cores / sum(per_step.values())
+    return {"cores": cores, "forward_batch": forward_batch, "core_s_per_step": per_step,
+            "steps_per_s": steps_per_s, "frames_per_s": steps_per_s * env.frameskip}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware", "Model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict:
+    """What a measurement belongs to: CPU model, cores, memory, GPU (None without one),
+    and the versions of torch, Python and the OS."""
+    info = {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count() or 1,
+        "usable_cores": usable_cores(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    physical = psutil.cpu_count(logical=False)
+    if physical:
+        info["physical_cores"] = physical
+    return info

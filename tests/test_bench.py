@@ -1,0 +1,190 @@
+"""The bench CLI as a user runs it, and its bottleneck sentence: on hand-made
+fractions, and on deliberately learner-bound and env-bound runs."""
+import json
+import math
+import os
+
+import pytest
+
+from fastrl.bench import forward_batch_sizes
+from fastrl.bottleneck import diagnose
+from fastrl.config import Config
+from fastrl.profiling import EnvProfile, ModelProfile, compute_bound_limit
+from helpers import TrainRun
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+QUICK = ["--seconds", "2", "--warmup", "1"]
+BOTTLENECK = ["--seconds", "3", "--warmup", "1"]  # a few learner batches even when each takes ~0.5 s
+# The bottleneck tests measure the layout they ask for, not one the planner picks.
+AS_GIVEN = ["--plan", "off", "--num_workers", "1", *BOTTLENECK]
+# Zero is a real measurement here: the freshest sample of a batch has lag 0, no
+# sample may have been too stale to train on, and no other program may have run.
+# Every other number must be positive.
+MAY_BE_ZERO = {("lag", "min"), ("staleness", "dropped_fraction"), ("cpu_cores_used", "by_other_programs")}
+
+
+def _leaves(node, path=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _leaves(value, path + (i,))
+    else:
+        yield path, node
+
+
+def _bench(tmp_path, args: list, env: dict | None = None) -> tuple:
+    out = tmp_path / "bench.json"
+    run = TrainRun([*args, "--json", str(out)], module="fastrl.bench", env=env)
+    assert run.wait(timeout=120) == 0, run.output()
+    with open(out) as fh:
+        return json.load(fh), run
+
+
+def _own_shm_entries(run) -> set:
+    """New /dev/shm entries this run left. Other runs share the machine's /dev/shm:
+    their torch segments name their creator (torch_<pid>_...), and CartPole makes
+    no ViZDoom ones."""
+    ours = {str(pid) for pid in run.descendants | {run.proc.pid}}
+    return {e for e in run.new_shm_entries()
+            if not e.startswith("ViZDoom") and (not e.startswith("torch_") or e.split("_")[1] in ours)}
+
+
+# --------------------------------------------------------------------------------------
+# The CLI
+
+def test_all_modes_write_a_complete_report_and_leave_nothing_behind(tmp_path):
+    report, run = _bench(tmp_path, ["--env", "CartPole-v1", "--mode", "all", *QUICK])
+    assert set(report["results"]) == {"env", "infer", "sample", "train"}
+    assert set(report["ratios"]) == {"train_over_env_limit", "train_over_compute_bound", "sample_over_env_limit"}
+    assert report["config"]["plan"] == "off" and report["plan"]["description"].startswith("plan: ")  # planned once
+    assert report["bottleneck"] == report["results"]["train"]["bottleneck"]
+    assert {"cpu", "usable_cores", "gpu", "torch", "python"} <= set(report["machine"])
+    checked = 0
+    for path, value in _leaves({k: v for k, v in report.items() if k != "config"}):  # config: the user's inputs
+        if value is None:
+            assert path == ("machine", "gpu"), f"{path} is empty"
+        elif isinstance(value, str):
+            assert value, f"{path} is an empty string"
+        else:
+            assert not isinstance(value, bool), f"{path} is a flag, not a measurement"
+            assert math.isfinite(value) and (value > 0 or path[-2:] in MAY_BE_ZERO), f"{path} = {value}"
+            checked += 1
+    assert checked > 40
+    text = run.output()
+    for line in ("env-limit", "compute-bound limit", "x env-limit", "where the time goes (train",
+                 "policy lag", "bottleneck: "):
+        assert line in text, text
+    assert run.leftover_processes() == []
+    assert _own_shm_entries(run) == set()
+
+
+def test_unknown_env_is_one_sentence_and_exit_2(tmp_path):
+    run = TrainRun(["--env", "NoSuchEnv-v9", "--mode", "env"], module="fastrl.bench")
+    assert run.wait(timeout=60) == 2, run.output()
+    errors = [line for line in run.lines if line.startswith("fastrl.bench: error:")]
+    assert len(errors) == 1 and "NoSuchEnv-v9" in errors[0], run.output()
+
+
+# --------------------------------------------------------------------------------------
+# The bottleneck, measured
+
+def test_huge_batches_on_a_tiny_env_are_learner_bound(tmp_path):
+    report, run = _bench(tmp_path, [*AS_GIVEN, "--env", "CartPole-v1", "--mode", "train", "--batch_size", "1024",
+                                    "--ppo_epochs", "4", "--hidden_sizes", "512,512"])
+    train = report["results"]["train"]
+    parts = train["fractions"]
+    assert train["bottleneck"].startswith("learner-bound"), run.output()
+    assert parts["learner"]["busy"] > 0.8 and parts["rollout"]["wait"] > parts["learner"]["wait"], parts
+
+
+def test_a_slow_env_with_a_tiny_model_is_env_bound(tmp_path):
+    # The children make the env by id, importing tests/slow_env.py from their PYTHONPATH.
+    pythonpath = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+    report, run = _bench(tmp_path, [*AS_GIVEN, "--env", "slow_env:SlowEnv-v0", "--mode", "train",
+                                    "--num_envs_per_worker", "8", "--rollout", "16", "--batch_size", "128", "--num_minibatches", "1",
+                                    "--ppo_epochs", "1", "--hidden_sizes", "8"], env={"PYTHONPATH": pythonpath})
+    train = report["results"]["train"]
+    parts = train["fractions"]
+    assert train["bottleneck"].startswith("env-bound"), run.output()
+    assert parts["rollout"]["busy"] > 0.8 and parts["learner"]["wait"] > 0.5, parts
+
+
+# --------------------------------------------------------------------------------------
+# The bottleneck sentence on hand-made fractions
+
+def test_learner_busy_and_workers_waiting_is_learner_bound():
+    sentence = diagnose({"rollout": {"busy": 0.35, "wait": 0.6, "comm": 0.05, "count": 4},
+                         "learner": {"busy": 0.97, "wait": 0.02, "comm": 0.01}})
+    assert sentence == "learner-bound: the learner is busy 97% training, rollout workers wait 60%."
+
+
+def test_workers_busy_and_learner_waiting_is_env_bound():
+    fractions = {"rollout": {"busy": 0.95, "wait": 0.02, "comm": 0.03},
+                 "learner": {"busy": 0.25, "wait": 0.7, "comm": 0.05}}
+    assert diagnose(fractions) == ("env-bound: rollout workers are busy 95% stepping envs and computing their "
+                                   "actions, the learner waits 70%.")
+    fractions["policy"] = {"busy": 0.4, "wait": 0.55, "comm": 0.05}
+    assert diagnose(fractions) == "env-bound: rollout workers are busy 95% stepping envs, the learner waits 70%."
+
+
+def test_policy_workers_busy_is_inference_bound_and_oversubscription_is_named():
+    fractions = {"rollout": {"busy": 0.3, "wait": 0.55, "comm": 0.15, "count": 4},
+                 "policy": {"busy": 0.93, "wait": 0.02, "comm": 0.05},
+                 "learner": {"busy": 0.3, "wait": 0.7, "comm": 0.0}}
+    assert diagnose(fractions, cores=8) == ("inference-bound: policy workers are busy 93% computing actions, "
+                                            "rollout workers wait 55%.")
+    # 4 x 0.45 + 0.98 + 0.3 = 3.1 cores' worth of activity on 2 cores
+    assert diagnose(fractions, cores=2).endswith("; together the processes are active 3.1 cores' worth on 2 cores, "
+                                                 "so they also wait for CPU.")
+
+
+def test_heavy_communication_is_named_and_nobody_saturated_is_latency_bound():
+    copying = diagnose({"rollout": {"busy": 0.2, "wait": 0.75, "comm": 0.05},
+                        "learner": {"busy": 0.55, "wait": 0.1, "comm": 0.35}})
+    assert copying == "learner-bound: the learner is busy 55% training and 35% moving data, rollout workers wait 75%."
+    idle = diagnose({"rollout": {"busy": 0.3, "wait": 0.6, "comm": 0.1}, "sink": {"wait": 0.95, "comm": 0.05}})
+    assert idle.startswith("latency-bound: no component is active half of its time (the busiest: rollout workers")
+
+
+def test_two_saturated_components_that_never_wait_are_balanced():
+    sentence = diagnose({"rollout": {"busy": 0.97, "wait": 0.03}, "learner": {"busy": 0.96, "wait": 0.03}})
+    assert sentence == ("balanced: rollout workers (busy 97%) and the learner (busy 96%) keep pace with each other, "
+                        "neither waits more than 3%.")
+    # Both busy, but the workers wait a tenth of their time for the learner: it sets the pace.
+    assert diagnose({"rollout": {"busy": 0.9, "wait": 0.1}, "learner": {"busy": 0.98, "wait": 0.01}}).startswith(
+        "learner-bound")
+
+
+def test_cores_taken_by_other_programs_are_named():
+    fractions = {"rollout": {"busy": 0.95, "wait": 0.02}, "learner": {"busy": 0.25, "wait": 0.7}}
+    assert diagnose(fractions, cores=2, others_cores=1.43).endswith(
+        "; other programs on this machine used 1.4 of its 2 cores meanwhile.")
+    assert "other programs" not in diagnose(fractions, cores=2, others_cores=0.1)
+
+
+def test_unknown_component_is_refused():
+    with pytest.raises(ValueError, match="components among"):
+        diagnose({"gpu": {"busy": 1.0}})
+
+
+# --------------------------------------------------------------------------------------
+# The compute-bound limit and the batch sizes it is taken at
+
+def test_compute_bound_limit_divides_the_cores_by_the_core_time_of_one_step():
+    env = EnvProfile(env="x", num_procs=2, envs_per_proc=8, frameskip=4, window_s=1.0, steps_per_s=2e5,
+                     frames_per_s=8e5, seconds_per_step=10e-6, seconds_per_frame=2.5e-6)
+    model = ModelProfile(device="cpu", threads=[1, 2], forward_batch_sizes=[32],
+                         forward_s_per_sample={1: {32: 6e-6}, 2: {32: 4e-6}},  # 2 threads: 8 core-us, worse
+                         train_minibatch=256, ppo_epochs=2, train_s_per_sample={1: 12e-6, 2: 5e-6})  # 10 core-us, better
+    limit = compute_bound_limit(env, model, forward_batch=32, cores=4)
+    assert limit["core_s_per_step"] == pytest.approx({"env": 10e-6, "forward": 6e-6, "learn": 20e-6})
+    assert limit["steps_per_s"] == pytest.approx(4 / 36e-6)
+    assert limit["frames_per_s"] == pytest.approx(4 * 4 / 36e-6)
+
+
+def test_forward_batch_sizes_follow_the_inference_placement():
+    assert forward_batch_sizes(Config(env="x", num_workers=4, num_envs_per_worker=16)) == [16]
+    served = Config(env="x", num_workers=4, num_envs_per_worker=16, inference="policy_worker", num_policy_workers=2)
+    assert forward_batch_sizes(served) == [8, 16]  # one split of 8 envs, or one split from each of the 2 workers served
