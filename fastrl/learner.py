@@ -116,44 +116,14 @@ class Learner:
         self.ctx.params.publish(flat_state(self.model).cpu(), self.version)
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
-        cfg = self.cfg
-        ev = self.model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
-        v_final = self._final_values(mb, ev)
-        out = appo_loss(
-            logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
-            r_t=mb["rewards"] * cfg.reward_scale, terminated_t=mb["terminated"].float(), truncated_t=mb["truncated"].float(),
-            v_final_t=v_final, entropy_t=ev.entropy, valid_t=valid,
-            gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
-            value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        out.total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-        if not (torch.isfinite(out.total) and torch.isfinite(grad_norm)):
+        out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid)
+        if out is None:
             self._skip_nonfinite()
             return
         self._nonfinite_in_a_row = 0
-        self.optimizer.step()
         self._note_metrics(out, grad_norm)
 
-    @torch.no_grad()
-    def _final_values(self, mb: dict, ev) -> torch.Tensor:
-        """Value of the last obs of each time-limit-truncated episode (zeros
-        elsewhere), under the current params: the bootstrap a cut episode is owed."""
-        truncated = mb["truncated"]
-        v_final = torch.zeros_like(mb["rewards"])
-        if not truncated.any():
-            return v_final
-        t_idx, b_idx = truncated.nonzero(as_tuple=True)
-        obs = {k: v[t_idx, b_idx] for k, v in mb["final_obs"].items()}
-        # The GRU state carried out of step t, before the reset the next episode applies.
-        rnn = ev.rnn_states[t_idx + 1, b_idx]
-        v_final[t_idx, b_idx] = self.model.values_with_state(obs, rnn)
-        return v_final
-
     def _skip_nonfinite(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
         self.row.add("nonfinite_skips", 1)
         self._nonfinite_in_a_row += 1
         if self._nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
@@ -196,6 +166,44 @@ class Learner:
             "torch_rng": torch.get_rng_state(),
         }
         return save_checkpoint(checkpoint_dir(self.cfg), state, self.version, self.cfg.keep_checkpoints)
+
+
+def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
+    """One APPO gradient step on a time-major minibatch (the learner's, and what the
+    profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
+    loss or gradient was not finite and the step was skipped."""
+    ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
+    out = appo_loss(
+        logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
+        r_t=mb["rewards"] * cfg.reward_scale, terminated_t=mb["terminated"].float(),
+        truncated_t=mb["truncated"].float(), v_final_t=final_values(model, mb, ev), entropy_t=ev.entropy,
+        valid_t=valid, gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
+        value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    out.total.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+    if not (torch.isfinite(out.total) and torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        return None, grad_norm
+    optimizer.step()
+    return out, grad_norm
+
+
+@torch.no_grad()
+def final_values(model, mb: dict, ev) -> torch.Tensor:
+    """Value of the last obs of each time-limit-truncated episode (zeros
+    elsewhere), under the current params: the bootstrap a cut episode is owed."""
+    truncated = mb["truncated"]
+    v_final = torch.zeros_like(mb["rewards"])
+    if not truncated.any():
+        return v_final
+    t_idx, b_idx = truncated.nonzero(as_tuple=True)
+    obs = {k: v[t_idx, b_idx] for k, v in mb["final_obs"].items()}
+    # The GRU state carried out of step t, before the reset the next episode applies.
+    rnn = ev.rnn_states[t_idx + 1, b_idx]
+    v_final[t_idx, b_idx] = model.values_with_state(obs, rnn)
+    return v_final
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:

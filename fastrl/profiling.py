@@ -17,7 +17,6 @@ count it was measured at.
 """
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import platform
@@ -31,8 +30,8 @@ import psutil
 import torch
 
 from envs.registry import get_spec
-from fastrl.appo_loss import appo_loss
 from fastrl.inference import build_model
+from fastrl.learner import gradient_step
 from fastrl.proc import run_child
 from fastrl.rollout_worker import env_options
 
@@ -271,29 +270,13 @@ def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
         "actions": out.actions.view(T, B, -1),
         "behaviour_logp": out.logp.view(T, B),
         "rewards": torch.randn(T, B, generator=gen),
-        "terminated": (torch.rand(T, B, generator=gen) < 0.01).float(),
+        "terminated": (torch.rand(T, B, generator=gen) < 0.01),
+        # No truncations: the learner's extra forward on the few truncated
+        # observations is negligible next to the unroll.
+        "truncated": torch.zeros(T, B, dtype=torch.bool),
+        "final_obs": {k: v[:-1] for k, v in obs.items()},
         "valid": torch.ones(T, B),
     }
-
-
-def _gradient_step(cfg, model, optimizer, mb: dict) -> None:
-    """What the learner does per minibatch (fastrl.learner.Learner._gradient_step)
-    without its bookkeeping. The fake data has no truncations, so the bootstrap
-    values are zeros; the real learner's extra forward on the few truncated
-    observations is negligible next to the unroll."""
-    ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
-    zeros = torch.zeros_like(mb["rewards"])
-    out = appo_loss(
-        logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
-        r_t=mb["rewards"], terminated_t=mb["terminated"], truncated_t=zeros,
-        v_final_t=zeros, entropy_t=ev.entropy, valid_t=mb["valid"],
-        gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
-        value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
-    )
-    optimizer.zero_grad(set_to_none=True)
-    out.total.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-    optimizer.step()
 
 
 def _time_per_call(fn, budget: float, sync, tick) -> float:
@@ -348,7 +331,7 @@ def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], thre
                     forward[t][b] = _time_per_call(lambda: model.act(obs, rnn), budget, sync, tick) / b
                 done += budget
             model.train()
-            step = _time_per_call(lambda: _gradient_step(cfg, model, optimizer, minibatch), budget, sync, tick)
+            step = _time_per_call(lambda: gradient_step(cfg, model, optimizer, minibatch, minibatch["valid"]), budget, sync, tick)
             train[t] = step / samples
             done += budget
     finally:
