@@ -15,6 +15,7 @@ from fastrl.appo_loss import appo_loss
 from fastrl.checkpoint import load_checkpoint, save_checkpoint
 from fastrl.inference import build_model
 from fastrl.model import flat_state, load_flat_state
+from fastrl.polling import get_many_polling
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
@@ -65,9 +66,8 @@ class Learner:
                 self.row.beat()
                 with self.timer("wait_s"):
                     try:
-                        pending += ctx.traj_queue.get_many(
-                            block=True, timeout=QUEUE_TIMEOUT_S,
-                            max_messages_to_get=cfg.buffers_per_batch - len(pending))
+                        pending += get_many_polling(ctx.traj_queue, QUEUE_TIMEOUT_S,
+                                                    cfg.buffers_per_batch - len(pending))
                     except queue.Empty:
                         continue
                 if len(pending) < cfg.buffers_per_batch:

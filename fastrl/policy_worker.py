@@ -9,6 +9,7 @@ import time
 import torch
 
 from fastrl.inference import PolicyCopy
+from fastrl.polling import get_many_polling
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
@@ -25,7 +26,7 @@ def policy_worker_main(cfg, index: int, ctx, device: str) -> None:
         row.beat()
         with timer("wait_s"):
             try:
-                requests = ctx.request_queue.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
+                requests = get_many_polling(ctx.request_queue, QUEUE_TIMEOUT_S)
             except queue.Empty:
                 continue
             if wait_s > 0:

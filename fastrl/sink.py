@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 
+from fastrl.polling import get_many_polling
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
@@ -17,7 +18,7 @@ def sink_main(cfg, ctx) -> None:
         row.beat()
         with timer("wait_s"):
             try:
-                indices = ctx.traj_queue.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
+                indices = get_many_polling(ctx.traj_queue, QUEUE_TIMEOUT_S)
             except queue.Empty:
                 continue
         with timer("comm_s"):

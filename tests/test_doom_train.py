@@ -30,8 +30,10 @@ def random_policy_mean_return(name: str, episodes: int) -> float:
 
 def test_doom_basic_training_beats_the_untrained_policy(tmp_path):
     baseline = random_policy_mean_return("doom_basic", episodes=30)
+    # The preset's layout (2 workers x 8 envs), which was measured to learn; the
+    # planner may pick another layout, whose learning is not what this tests.
     run = TrainRun(["--env", "doom_basic", "--train_dir", str(tmp_path), "--train_for_seconds", "120",
-                    "--stop_at_reward", str(baseline + 150), "--status_every_seconds", "10"])
+                    "--stop_at_reward", str(baseline + 150), "--status_every_seconds", "10", "--plan", "off"])
     assert run.wait(timeout=200) == 0, run.output()
     summary = read_summary(tmp_path, "doom_basic")
     # An untrained policy is near-uniform, so random actions are its return; the
