@@ -72,7 +72,6 @@ class SplitEnvs:
         while True:
             try:
                 obs, _ = self.envs[i].reset(seed=self._next_seed(i))
-                self._failures[i] = 0
                 self._last_obs[i] = obs
                 return obs
             except Exception:
@@ -103,6 +102,9 @@ class SplitEnvs:
         for i in range(self.n):
             try:
                 obs, r, term, trunc, info = self.envs[i].step(to_env(actions[i]))
+                # Only a step clears the count: a reset that works after every failed
+                # step must not let an env that can never step run forever.
+                self._failures[i] = 0
             except Exception:
                 # The episode is cut where the env died: bootstrap from the last good obs.
                 self._recreate(i, traceback.format_exc())

@@ -215,19 +215,25 @@ PROFILE_TRAJECTORIES = 8  # the learner is timed on this many trajectories: enou
 
 
 def time_env_steps(env, seconds: float) -> float:
-    """Core-seconds per agent step of `env` with random actions, stepped here."""
+    """Core-seconds per agent step of `env` with random actions, stepped here.
+    An env that raises is timed on the steps it took: its failures are the rollout
+    workers' to handle (they re-create it, or stop the run naming it), not a reason
+    to die here with a bare traceback before any worker starts."""
     import time
 
-    env.reset()
     steps, start = 0, time.perf_counter()
-    while True:
-        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-        steps += 1
-        if terminated or truncated:
-            env.reset()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and steps >= 10:
-            return elapsed / steps
+    try:
+        env.reset()
+        while True:
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            steps += 1
+            if terminated or truncated:
+                env.reset()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds and steps >= 10:
+                return elapsed / steps
+    except Exception:
+        return (time.perf_counter() - start) / max(steps, 1)
 
 
 def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:

@@ -12,9 +12,10 @@ import torch
 from envs.registry import get_spec
 from fastrl.env_runner import SplitEnvs
 from fastrl.inference import LocalPolicy
+from fastrl.polling import get_many_polling
 from fastrl.stats_board import Timer
 
-QUEUE_TIMEOUT_S = 0.1  # how often a blocked loop looks at the stop flag
+QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/polling.py)
 EPISODE_FLUSH_S = 0.5
 
 
@@ -66,7 +67,7 @@ class RolloutWorker:
         with self.timer("wait_s"):
             while not self.ctx.stop.is_set():
                 try:
-                    return self.ctx.free_queue.get(block=True, timeout=QUEUE_TIMEOUT_S)
+                    return get_many_polling(self.ctx.free_queue, QUEUE_TIMEOUT_S, max_messages=1)[0]
                 except queue.Empty:
                     self.row.beat()
         return None
@@ -170,7 +171,7 @@ class RolloutWorker:
         while not ctx.stop.is_set():
             with self.timer("wait_s"):
                 try:
-                    ready = responses.get_many(block=True, timeout=QUEUE_TIMEOUT_S)
+                    ready = get_many_polling(responses, QUEUE_TIMEOUT_S)
                 except queue.Empty:
                     self.row.beat()
                     continue

@@ -376,7 +376,7 @@ class Runner:
                 failure = self._check_children()
                 if failure:
                     print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
-                    exit_code, reason = 1, failure.splitlines()[0].rstrip(":")
+                    exit_code, reason = 1, failure.splitlines()[0].rstrip(":.")
                     break
                 if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
                     self.training_since = time.time()

@@ -1,0 +1,52 @@
+"""Envs that break on purpose, for the reliability tests. Importing this module
+registers them, so spawned workers make them by the id "faulty_env:<Id>"
+(gymnasium imports the module named before the colon), given tests/ on their
+PYTHONPATH.
+
+Each counts steps per instance, so a re-created env starts its count again:
+    FlakyStep-v0   raises inside step() at its 40th step, then would again at the
+                   40th step of its replacement; training must go on.
+    BrokenStep-v0  raises inside every step(); the run must stop naming it.
+    NanOnce-v0     one NaN reward, at its 100th step; the update is skipped.
+    NanReward-v0   NaN rewards from its 300th step on; the run must stop.
+Episodes are 50 steps (truncated), with random observations and reward 1.
+"""
+import gymnasium as gym
+import numpy as np
+
+EPISODE_STEPS = 50
+
+
+class EnvBroke(RuntimeError):
+    pass
+
+
+class FaultyEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, raise_at=(), raise_from=None, nan_at=(), nan_from=None):
+        self.raise_at, self.raise_from = set(raise_at), raise_from
+        self.nan_at, self.nan_from = set(nan_at), nan_from
+        self.steps = 0  # over this instance's life, across episodes
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self.np_random.uniform(-1, 1, 4).astype(np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        self._t += 1
+        if self.steps in self.raise_at or (self.raise_from is not None and self.steps >= self.raise_from):
+            raise EnvBroke(f"the faulty env broke at its step {self.steps}")
+        nan = self.steps in self.nan_at or (self.nan_from is not None and self.steps >= self.nan_from)
+        obs = self.np_random.uniform(-1, 1, 4).astype(np.float32)
+        return obs, float("nan") if nan else 1.0, False, self._t >= EPISODE_STEPS, {}
+
+
+gym.register(id="FlakyStep-v0", entry_point="faulty_env:FaultyEnv", kwargs={"raise_at": (40,)})
+gym.register(id="BrokenStep-v0", entry_point="faulty_env:FaultyEnv", kwargs={"raise_from": 1})
+gym.register(id="NanOnce-v0", entry_point="faulty_env:FaultyEnv", kwargs={"nan_at": (100,)})
+gym.register(id="NanReward-v0", entry_point="faulty_env:FaultyEnv", kwargs={"nan_from": 300})

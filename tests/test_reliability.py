@@ -1,0 +1,340 @@
+"""Reliability, tested by breaking things for real: processes killed or frozen
+mid-run, envs that raise or return NaN, checkpoints cut short, input that can
+never work. Each test runs the real command line (tests/helpers.py) and checks
+what a user would see: the run goes on or stops with one clear sentence, and
+nothing is left behind."""
+import os
+import re
+import shutil
+import signal
+import time
+import types
+
+import psutil
+import pytest
+import torch
+
+from fastrl.checkpoint import load_checkpoint, load_latest_checkpoint
+from helpers import TrainRun, read_summary, shm_entries
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# Children make the faulty envs by id, importing tests/faulty_env.py from their PYTHONPATH.
+FAULTY = {"PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
+
+# Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch.
+# Every layout option is given, so nothing a planner picks can change the buffer arithmetic below.
+SMALL = ["--status_every_seconds", "1", "--num_workers", "1", "--num_envs_per_worker", "8", "--rollout", "16",
+         "--batch_size", "128"]
+CARTPOLE = ["--env", "CartPole-v1", *SMALL]
+STATUS = re.compile(r"^\[\s*[\d.]+s\] frames ([\d,]+) ")
+
+
+_started: list = []
+
+
+def start(args: list, env: dict | None = None) -> TrainRun:
+    run = TrainRun(args, env={"PYTHONFAULTHANDLER": "1", **(env or {})})
+    _started.append(run)
+    return run
+
+
+def finish(run: TrainRun, timeout: float) -> int:
+    """run.wait, except that a run which overstays shows where it is stuck: every
+    process has faulthandler on, so SIGABRT makes each print its threads' stacks
+    into the output the failed assertion shows."""
+    deadline = time.time() + timeout
+    while run.proc.poll() is None and time.time() < deadline:
+        run._note_descendants()
+        run._take_lines(0.1)
+    if run.proc.poll() is None:
+        for pid in [run.proc.pid, *run.descendants]:
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        time.sleep(3)
+        run.kill_all()
+        run.wait(timeout=10)
+        raise AssertionError(f"the run did not finish within {timeout} s; the stacks of its processes:\n{run.output()}")
+    return run.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    yield
+    while _started:  # a failed assertion must not leave a (possibly stalled) run behind
+        run = _started.pop()
+        run._note_descendants()
+        run.kill_all()
+
+
+def status_frames(line: str):
+    match = STATUS.match(line)
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+def wait_for_new_line(run: TrainRun, predicate, timeout: float) -> str:
+    """Like run.wait_for_line, but only lines printed from now on count."""
+    start, index = len(run.lines), iter(range(10**9))
+    # wait_for_line offers each line once, in order, so counting calls gives its index.
+    return run.wait_for_line(lambda line: next(index) >= start and predicate(line), timeout)
+
+
+def wait_for_frames(run: TrainRun, at_least: int, timeout: float) -> int:
+    line = run.wait_for_line(lambda l: (status_frames(l) or 0) >= at_least, timeout)
+    return status_frames(line)
+
+
+def pid_titled(run: TrainRun, title: str, timeout: float = 30.0) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for child in psutil.Process(run.proc.pid).children(recursive=True):
+            try:
+                if " ".join(child.cmdline()).strip() == title:
+                    return child.pid
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no process titled {title!r} within {timeout} s:\n{run.output()}")
+
+
+def assert_nothing_left(run: TrainRun) -> None:
+    assert run.leftover_processes() == [], run.output()
+    # /dev/shm is shared with whatever else runs here: these runs start no Doom game,
+    # so ViZDoom segments are others', and an entry gone a second later was another
+    # process's shared tensor caught between its creation and its unlink.
+    new = {e for e in run.new_shm_entries() if not e.startswith("ViZDoom")}
+    if new:
+        time.sleep(1.0)
+        new &= shm_entries()
+    assert new == set()
+
+
+def checkpoints(ckpt_dir) -> list:
+    return sorted(os.path.join(ckpt_dir, n) for n in os.listdir(ckpt_dir) if n.startswith("checkpoint_"))
+
+
+def norm_counts(state: dict) -> list:
+    return [float(v) for k, v in state["model"].items() if "norm" in k and k.endswith("count")]
+
+
+# -- process faults ---------------------------------------------------------------------
+
+def restart_after(run: TrainRun, how, message: str, samples_per_buffer: int) -> None:
+    """Break rollout-worker 0 with `how(pid)`, see it restarted, and see sampling
+    go on well past what the buffer pool allows without the learner freeing buffers."""
+    old = pid_titled(run, "fastrl: rollout-worker 0")
+    how(old)
+    wait_for_new_line(run, lambda line: message in line and "restarted it with fresh envs" in line, timeout=30)
+    first = status_frames(wait_for_new_line(run, lambda line: STATUS.match(line) is not None, timeout=30))
+    wait_for_frames(run, first + 10 * samples_per_buffer, timeout=30)
+    assert pid_titled(run, "fastrl: rollout-worker 0") != old
+
+
+def test_a_killed_rollout_worker_is_restarted_and_no_buffer_is_lost(tmp_path):
+    # One worker and the fewest buffers the config allows (one it holds, one for
+    # the batch): if a kill lost the buffer the worker held, the second kill
+    # would leave none and the run would stall short of its frame target.
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--num_buffers", "2",
+                    "--train_for_env_frames", "20000"])
+    wait_for_frames(run, 1, timeout=60)
+    for _ in range(2):
+        restart_after(run, lambda pid: os.kill(pid, signal.SIGKILL), "rollout-worker 0 was killed by signal 9",
+                      samples_per_buffer=128)
+    assert finish(run, 120) == 0, run.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["env_frames"] >= 20000
+    assert summary["worker_restarts"] == 2
+    assert summary["trajectories_discarded"] <= 2
+    assert_nothing_left(run)
+
+
+def test_a_hung_rollout_worker_is_killed_and_restarted(tmp_path):
+    # Policy-worker mode: the frozen worker holds both its splits' buffers, and
+    # with the minimum pool (2 held + 1 for the batch) losing them would stall the run.
+    run = start(["--env", "CartPole-v1", *SMALL, "--inference", "policy_worker", "--batch_size", "64",
+                    "--num_buffers", "3", "--worker_timeout_seconds", "3", "--train_for_env_frames", "12000",
+                    "--train_dir", str(tmp_path)])
+    wait_for_frames(run, 1, timeout=60)
+    stopped_at = time.time()
+    restart_after(run, lambda pid: os.kill(pid, signal.SIGSTOP), "rollout-worker 0 sent no heartbeat for 3 s",
+                  samples_per_buffer=64)
+    assert time.time() - stopped_at < 25
+    assert finish(run, 90) == 0, run.output()
+    assert read_summary(tmp_path, "CartPole-v1")["worker_restarts"] == 1
+    assert_nothing_left(run)
+
+
+def test_an_env_raising_in_step_is_recreated_and_training_goes_on(tmp_path):
+    run = start(["--env", "faulty_env:FlakyStep-v0", *SMALL, "--train_dir", str(tmp_path),
+                    "--train_for_env_frames", "6000"], env=FAULTY)
+    assert finish(run, 60) == 0, run.output()
+    summary = read_summary(tmp_path, "faulty_env:FlakyStep-v0")
+    # Every env instance raises at its 40th step, its replacement 40 steps later.
+    assert summary["env_restarts"] >= 6000 // 40 // 2
+    assert summary["samples_trained"] > 0 and summary["episodes"] > 0
+    assert_nothing_left(run)
+
+
+def test_an_env_that_always_raises_stops_the_run_naming_it(tmp_path):
+    run = start(["--env", "faulty_env:BrokenStep-v0", *SMALL, "--train_dir", str(tmp_path)], env=FAULTY)
+    assert finish(run, 60) == 1, run.output()
+    out = run.output()
+    assert "rollout-worker 0 failed" in out
+    assert "(faulty_env:BrokenStep-v0) failed 3 times in a row" in out
+    assert "EnvBroke: the faulty env broke at its step 1" in out  # the env's own traceback
+    assert_nothing_left(run)
+
+
+def test_a_killed_policy_worker_stops_the_run_naming_it(tmp_path):
+    run = start([*CARTPOLE, "--inference", "policy_worker", "--train_dir", str(tmp_path)])
+    # Workers can run at most 6 buffers (384 frames) ahead of the learner: past 1000, it has trained.
+    wait_for_frames(run, 1000, timeout=60)
+    os.kill(pid_titled(run, "fastrl: policy-worker 0"), signal.SIGKILL)
+    killed_at = time.time()
+    assert finish(run, 30) == 1, run.output()
+    assert time.time() - killed_at < 15
+    assert re.search(r"policy-worker 0 \(pid \d+\) was killed by SIGKILL", run.output()), run.output()
+    # The learner was alive, so it wrote a final checkpoint.
+    state, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
+    assert state is not None and state["version"] > 0
+    assert_nothing_left(run)
+
+
+def test_a_killed_learner_stops_the_run_naming_it(tmp_path):
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path)])
+    wait_for_frames(run, 1, timeout=60)
+    os.kill(pid_titled(run, "fastrl: learner"), signal.SIGKILL)
+    killed_at = time.time()
+    assert finish(run, 30) == 1, run.output()
+    assert time.time() - killed_at < 15
+    assert re.search(r"learner \(pid \d+\) was killed by SIGKILL", run.output()), run.output()
+    assert_nothing_left(run)
+
+
+# -- data safety --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cartpole_experiment(tmp_path_factory):
+    """A finished CartPole run with several checkpoints; tests copy it before changing it."""
+    root = tmp_path_factory.mktemp("trained")
+    run = start([*CARTPOLE, "--train_dir", str(root), "--train_for_env_frames", "15000",
+                    "--checkpoint_every_seconds", "1", "--keep_checkpoints", "3"])
+    assert finish(run, 90) == 0, run.output()
+    assert len(checkpoints(root / "CartPole-v1" / "checkpoints")) >= 2, run.output()
+    return root / "CartPole-v1"
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, cartpole_experiment):
+    shutil.copytree(cartpole_experiment, tmp_path / "CartPole-v1")
+    *_, previous, newest = checkpoints(tmp_path / "CartPole-v1" / "checkpoints")
+    kept = load_checkpoint(previous)
+    with open(newest, "r+b") as fh:
+        fh.truncate(os.path.getsize(newest) // 2)
+
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--train_for_env_frames", str(kept["env_frames"] + 3000)])
+    assert finish(run, 90) == 0, run.output()
+    assert f"Skipping unusable checkpoint: Checkpoint {newest} is truncated" in run.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["env_frames"] - summary["env_frames_this_run"] == kept["env_frames"]
+    assert summary["learner_steps"] > kept["version"]
+
+
+def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
+    args = [*CARTPOLE, "--train_dir", str(tmp_path), "--normalize_obs", "--checkpoint_every_seconds", "1",
+            "--keep_checkpoints", "50"]
+    ckpt_dir = tmp_path / "CartPole-v1" / "checkpoints"
+    first = start([*args, "--train_for_env_frames", "8000"])
+    assert finish(first, 90) == 0, first.output()
+    path1 = checkpoints(ckpt_dir)[-1]
+    state1 = load_checkpoint(path1)
+    counts1 = norm_counts(state1)
+    # Every batch folds all its batch_size observations into the statistics (actor's and critic's).
+    assert len(counts1) == 2 and counts1 == [state1["version"] * 128.0] * 2
+    assert any("norm" in k and k.endswith("var") and not torch.allclose(v, torch.ones_like(v))
+               for k, v in state1["model"].items())
+
+    # The learner of a resumed run starts with the checkpoint's RNG and Adam step count.
+    import fastrl.learner as learner_mod
+    from fastrl.config import Config
+    from fastrl.inference import build_model
+    from fastrl.model import flat_state
+    from fastrl.params import SharedParams
+    from fastrl.stats_board import StatsBoard
+    import gymnasium as gym
+
+    cfg = Config(**state1["config"])
+    env = gym.make("CartPole-v1")
+    model = build_model(cfg, env.observation_space, env.action_space)
+    model.load_state_dict(state1["model"])
+    params = SharedParams(flat_state(model).numel())
+    params.publish(flat_state(model), state1["version"])
+    ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=params,
+                                board=StatsBoard(["learner"]))
+    torch.manual_seed(12345)
+    learner = learner_mod.Learner(cfg, ctx, "cpu", path1, 0)
+    assert torch.equal(torch.get_rng_state(), state1["torch_rng"])
+    assert learner.version == state1["version"] and learner.samples_trained == state1["samples_trained"]
+    assert norm_counts({"model": learner.model.state_dict()}) == counts1
+
+    second = start([*args, "--train_for_env_frames", "16000"])
+    assert finish(second, 90) == 0, second.output()
+    resumed = [load_checkpoint(p) for p in checkpoints(ckpt_dir) if p > path1]
+    assert resumed, second.output()
+    assert norm_counts(resumed[0]) >= counts1  # continued, not started again from zero
+    last = resumed[-1]
+    assert norm_counts(last) == [last["version"] * 128.0] * 2
+
+
+def test_nan_rewards_skip_updates_and_training_goes_on(tmp_path):
+    run = start(["--env", "faulty_env:NanOnce-v0", *SMALL, "--train_dir", str(tmp_path),
+                    "--train_for_env_frames", "4000"], env=FAULTY)
+    assert finish(run, 60) == 0, run.output()
+    summary = read_summary(tmp_path, "faulty_env:NanOnce-v0")
+    # Each env's one NaN poisons the minibatches of one batch, fewer than the 20 in a row that stop a run.
+    assert 0 < summary["nonfinite_skips"] < 20
+    assert summary["env_frames"] >= 4000 and summary["samples_trained"] > 0
+    state, _ = load_latest_checkpoint(str(tmp_path / "faulty_env:NanOnce-v0" / "checkpoints"))
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_persistent_nan_stops_the_run_and_keeps_a_good_checkpoint(tmp_path):
+    run = start(["--env", "faulty_env:NanReward-v0", *SMALL, "--train_dir", str(tmp_path),
+                    "--checkpoint_every_seconds", "1"], env=FAULTY)
+    assert finish(run, 60) == 1, run.output()
+    assert "learner failed" in run.output()
+    assert "the loss or its gradient was not finite in 20 updates in a row" in run.output()
+    summary = read_summary(tmp_path, "faulty_env:NanReward-v0")
+    assert summary["nonfinite_skips"] >= 20
+    ckpt_dir = tmp_path / "faulty_env:NanReward-v0" / "checkpoints"
+    assert checkpoints(ckpt_dir), run.output()
+    for path in checkpoints(ckpt_dir):
+        state = load_checkpoint(path)  # raises if damaged
+        assert all(torch.isfinite(v).all() for v in state["model"].values()), path
+        assert all(torch.isfinite(t).all() for s in state["optimizer"]["state"].values()
+                   for t in s.values() if torch.is_tensor(t)), path
+    assert_nothing_left(run)
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def test_an_unwritable_train_dir_is_refused_before_any_process(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path / "a_file" / "runs")])
+    assert finish(run, 60) == 2
+    assert f"--train_dir {tmp_path / 'a_file' / 'runs'} cannot be written" in run.output()
+    assert "Traceback" not in run.output()
+    assert run.descendants == set()
+
+
+def test_a_checkpoint_from_another_env_is_refused(tmp_path, cartpole_experiment):
+    # CartPole-v0 has CartPole-v1's spaces, so only the env check can tell them apart.
+    shutil.copytree(cartpole_experiment / "checkpoints", tmp_path / "other" / "checkpoints")
+    before = checkpoints(tmp_path / "other" / "checkpoints")
+    run = start(["--env", "CartPole-v0", *SMALL, "--train_dir", str(tmp_path), "--experiment", "other"])
+    assert finish(run, 60) == 2
+    assert re.search(r"The checkpoint \S+ was trained on CartPole-v1, not CartPole-v0; pass --restart", run.output())
+    assert "Traceback" not in run.output()
+    assert run.worker_titles() == []
+    assert checkpoints(tmp_path / "other" / "checkpoints") == before
+    assert run.leftover_processes() == []
