@@ -344,7 +344,25 @@ class Runner:
                 f" | return(100) {self.mean_return():.2f} | episodes {self.episodes:,}")
         if self.objectives100:
             line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
-        return line
+        return line + self._progress(elapsed, (now[1] - frames0) / dt)
+
+    def _progress(self, elapsed: float, fps: float) -> str:
+        """' | [####......] 40% ETA 1m05s' toward the frame or time budget (whichever is
+        nearer to done), or '' when training has no budget."""
+        cfg, frames = self.cfg, self.env_frames() + self.frames_offset
+        candidates = []
+        if cfg.train_for_env_frames:
+            left = max(cfg.train_for_env_frames - frames, 0)
+            candidates.append((frames / cfg.train_for_env_frames, left / fps if fps > 0 else math.inf))
+        if cfg.train_for_seconds:
+            candidates.append((elapsed / cfg.train_for_seconds, max(cfg.train_for_seconds - elapsed, 0.0)))
+        if not candidates:
+            return ""
+        done, eta = max(candidates)
+        done = min(done, 1.0)
+        bar = "#" * int(10 * done) + "." * (10 - int(10 * done))
+        eta_text = "?" if math.isinf(eta) else f"{int(eta // 60)}m{int(eta % 60):02d}s"
+        return f" | [{bar}] {done:.0%} ETA {eta_text}"
 
     def run(self, observer=None) -> int:
         """Train until a stop condition, a failure or a signal; return the exit code.

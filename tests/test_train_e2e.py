@@ -119,3 +119,11 @@ def test_a_checkpoint_of_another_model_shape_is_refused(tmp_path):
     assert second.worker_titles() == []
     # the first run's checkpoint is untouched
     assert load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))[0] is not None
+
+
+def test_status_lines_show_progress_toward_the_budget(tmp_path):
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--train_for_env_frames", "60000"])
+    assert run.wait(timeout=90) == 0, run.output()
+    progress = [line for line in run.lines if line.startswith("[") and "% ETA " in line]
+    assert progress, run.output()
+    assert "[##########] 100% ETA 0m00s" in progress[-1]
