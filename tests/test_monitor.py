@@ -149,7 +149,23 @@ def _wandb_records(path: str):
             yield record
 
 
-def _read_offline_run(wandb_dir: str, run_id: str) -> dict:
+def _read_offline_run(wandb_dir: str, run_id: str, timeout: float = 20.0) -> dict:
+    """_read_offline_run_once, retried while the run record is missing: wandb's
+    service process may still be writing the file when finish() returns, which a
+    loaded machine makes visible."""
+    import time
+
+    deadline = time.time() + timeout
+    previous = None
+    while True:
+        run = _read_offline_run_once(wandb_dir, run_id)
+        if (run["project"] is not None and run == previous) or time.time() > deadline:
+            return run  # two identical reads in a row: the writer is done
+        previous = run
+        time.sleep(0.5)
+
+
+def _read_offline_run_once(wandb_dir: str, run_id: str) -> dict:
     """Config, tags, group and history rows of every offline run dir of `run_id`.
 
     A resumed run gets a dir of its own, suffixed -1, -2, ... when it starts in the
@@ -161,7 +177,6 @@ def _read_offline_run(wandb_dir: str, run_id: str) -> dict:
 
     paths = sorted(glob.glob(os.path.join(wandb_dir, "wandb", f"offline-run-*-{run_id}*", f"run-{run_id}.wandb")),
                    key=order)
-    assert paths, f"no offline run {run_id} under {wandb_dir}"
     run = {"project": None, "group": None, "tags": [], "config": {}, "history": [], "files": len(paths)}
     for path in paths:
         for record in _wandb_records(path):
