@@ -50,6 +50,8 @@ class Config:
     plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two and picks workers, envs, "
                      "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
                      "or a plan.json to reuse.")
+    adapt: bool = _opt(False, "While training, move a torch thread to or from the learner when rollout workers or the learner "
+                       "wait; off by default: measured on a loaded 2-core machine, a second learner thread cut training ~10x.")
     inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
 
     # --- algorithm: APPO ----------------------------------------------------------------

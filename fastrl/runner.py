@@ -173,7 +173,7 @@ class Runner:
         self.version0 = int(state["version"]) if state else 0
         self.frames_offset = int(state.get("env_frames", 0)) if state else 0
         self.mp = start_process_server()  # torch.multiprocessing is imported: tensors pickle as shared memory
-        self.adapt = self.plan is not None and "learner_threads" not in (explicit or set())
+        self.adapt = cfg.adapt and "learner_threads" not in (explicit or set())
         self.adapter = ThreadAdapter(None, cfg.num_workers, usable_cores(), cfg.learner_threads or cfg.torch_threads)
         self.ctx = self._build_context(model)
         self.adapter.board = self.ctx.board
