@@ -10,21 +10,30 @@ import signal
 import time
 import types
 
+import gymnasium as gym
 import psutil
 import pytest
 import torch
 
 from fastrl.checkpoint import load_checkpoint, load_latest_checkpoint
+from fastrl.config import Config
+from fastrl.inference import build_model
+from fastrl.learner import Learner
+from fastrl.model import flat_state
+from fastrl.params import SharedParams
+from fastrl.stats_board import StatsBoard
 from helpers import TrainRun, read_summary, shm_entries
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # Children make the faulty envs by id, importing tests/faulty_env.py from their PYTHONPATH.
 FAULTY = {"PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
 
-# Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch.
-# Every layout option is given, so nothing a planner picks can change the buffer arithmetic below.
+# Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch, one
+# gradient step per batch. Every layout option is given, so neither the planner nor
+# the thread adapter changes the buffer arithmetic below or the speed mid-test.
 SMALL = ["--status_every_seconds", "1", "--num_workers", "1", "--num_envs_per_worker", "8", "--rollout", "16",
-         "--batch_size", "128"]
+         "--batch_size", "128", "--ppo_epochs", "1", "--num_minibatches", "1", "--learner_threads", "1",
+         "--num_policy_workers", "1"]
 CARTPOLE = ["--env", "CartPole-v1", *SMALL]
 STATUS = re.compile(r"^\[\s*[\d.]+s\] frames ([\d,]+) ")
 
@@ -136,7 +145,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_buffer_is_lost(tmp_path):
     # the batch): if a kill lost the buffer the worker held, the second kill
     # would leave none and the run would stall short of its frame target.
     run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--num_buffers", "2",
-                    "--train_for_env_frames", "20000"])
+                 "--train_for_env_frames", "20000"])
     wait_for_frames(run, 1, timeout=60)
     for _ in range(2):
         restart_after(run, lambda pid: os.kill(pid, signal.SIGKILL), "rollout-worker 0 was killed by signal 9",
@@ -153,8 +162,8 @@ def test_a_hung_rollout_worker_is_killed_and_restarted(tmp_path):
     # Policy-worker mode: the frozen worker holds both its splits' buffers, and
     # with the minimum pool (2 held + 1 for the batch) losing them would stall the run.
     run = start(["--env", "CartPole-v1", *SMALL, "--inference", "policy_worker", "--batch_size", "64",
-                    "--num_buffers", "3", "--worker_timeout_seconds", "3", "--train_for_env_frames", "12000",
-                    "--train_dir", str(tmp_path)])
+                 "--num_buffers", "3", "--worker_timeout_seconds", "3", "--train_for_env_frames", "12000",
+                 "--train_dir", str(tmp_path)])
     wait_for_frames(run, 1, timeout=60)
     stopped_at = time.time()
     restart_after(run, lambda pid: os.kill(pid, signal.SIGSTOP), "rollout-worker 0 sent no heartbeat for 3 s",
@@ -167,7 +176,7 @@ def test_a_hung_rollout_worker_is_killed_and_restarted(tmp_path):
 
 def test_an_env_raising_in_step_is_recreated_and_training_goes_on(tmp_path):
     run = start(["--env", "faulty_env:FlakyStep-v0", *SMALL, "--train_dir", str(tmp_path),
-                    "--train_for_env_frames", "6000"], env=FAULTY)
+                 "--train_for_env_frames", "6000"], env=FAULTY)
     assert finish(run, 60) == 0, run.output()
     summary = read_summary(tmp_path, "faulty_env:FlakyStep-v0")
     # Every env instance raises at its 40th step, its replacement 40 steps later.
@@ -187,8 +196,8 @@ def test_an_env_that_always_raises_stops_the_run_naming_it(tmp_path):
 
 
 def test_a_killed_policy_worker_stops_the_run_naming_it(tmp_path):
-    run = start([*CARTPOLE, "--inference", "policy_worker", "--train_dir", str(tmp_path)])
-    # Workers can run at most 6 buffers (384 frames) ahead of the learner: past 1000, it has trained.
+    run = start([*CARTPOLE, "--inference", "policy_worker", "--num_buffers", "6", "--train_dir", str(tmp_path)])
+    # The worker can run at most 6 buffers (384 frames) ahead of the learner: past 1000, it has trained.
     wait_for_frames(run, 1000, timeout=60)
     os.kill(pid_titled(run, "fastrl: policy-worker 0"), signal.SIGKILL)
     killed_at = time.time()
@@ -218,8 +227,8 @@ def test_a_killed_learner_stops_the_run_naming_it(tmp_path):
 def cartpole_experiment(tmp_path_factory):
     """A finished CartPole run with several checkpoints; tests copy it before changing it."""
     root = tmp_path_factory.mktemp("trained")
-    run = start([*CARTPOLE, "--train_dir", str(root), "--train_for_env_frames", "15000",
-                    "--checkpoint_every_seconds", "1", "--keep_checkpoints", "3"])
+    run = start([*CARTPOLE, "--train_dir", str(root), "--train_for_env_frames", "10000",
+                 "--checkpoint_every_seconds", "0.5", "--keep_checkpoints", "3"])
     assert finish(run, 90) == 0, run.output()
     assert len(checkpoints(root / "CartPole-v1" / "checkpoints")) >= 2, run.output()
     return root / "CartPole-v1"
@@ -254,15 +263,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     assert any("norm" in k and k.endswith("var") and not torch.allclose(v, torch.ones_like(v))
                for k, v in state1["model"].items())
 
-    # The learner of a resumed run starts with the checkpoint's RNG and Adam step count.
-    import fastrl.learner as learner_mod
-    from fastrl.config import Config
-    from fastrl.inference import build_model
-    from fastrl.model import flat_state
-    from fastrl.params import SharedParams
-    from fastrl.stats_board import StatsBoard
-    import gymnasium as gym
-
+    # The learner of a resumed run starts with the checkpoint's RNG, counters and Adam state.
     cfg = Config(**state1["config"])
     env = gym.make("CartPole-v1")
     model = build_model(cfg, env.observation_space, env.action_space)
@@ -272,9 +273,11 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=params,
                                 board=StatsBoard(["learner"]))
     torch.manual_seed(12345)
-    learner = learner_mod.Learner(cfg, ctx, "cpu", path1, 0)
+    learner = Learner(cfg, ctx, "cpu", path1, 0)
     assert torch.equal(torch.get_rng_state(), state1["torch_rng"])
     assert learner.version == state1["version"] and learner.samples_trained == state1["samples_trained"]
+    adam_steps = [float(s["step"]) for s in learner.optimizer.state_dict()["state"].values()]
+    assert adam_steps == [float(s["step"]) for s in state1["optimizer"]["state"].values()] and adam_steps[0] > 0
     assert norm_counts({"model": learner.model.state_dict()}) == counts1
 
     second = start([*args, "--train_for_env_frames", "16000"])
@@ -288,10 +291,10 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
 
 def test_nan_rewards_skip_updates_and_training_goes_on(tmp_path):
     run = start(["--env", "faulty_env:NanOnce-v0", *SMALL, "--train_dir", str(tmp_path),
-                    "--train_for_env_frames", "4000"], env=FAULTY)
+                 "--train_for_env_frames", "4000"], env=FAULTY)
     assert finish(run, 60) == 0, run.output()
     summary = read_summary(tmp_path, "faulty_env:NanOnce-v0")
-    # Each env's one NaN poisons the minibatches of one batch, fewer than the 20 in a row that stop a run.
+    # All 8 envs hit their one NaN in the same step, so one batch is poisoned: far from the 20 in a row that stop a run.
     assert 0 < summary["nonfinite_skips"] < 20
     assert summary["env_frames"] >= 4000 and summary["samples_trained"] > 0
     state, _ = load_latest_checkpoint(str(tmp_path / "faulty_env:NanOnce-v0" / "checkpoints"))
@@ -300,7 +303,7 @@ def test_nan_rewards_skip_updates_and_training_goes_on(tmp_path):
 
 def test_persistent_nan_stops_the_run_and_keeps_a_good_checkpoint(tmp_path):
     run = start(["--env", "faulty_env:NanReward-v0", *SMALL, "--train_dir", str(tmp_path),
-                    "--checkpoint_every_seconds", "1"], env=FAULTY)
+                 "--checkpoint_every_seconds", "1"], env=FAULTY)
     assert finish(run, 60) == 1, run.output()
     assert "learner failed" in run.output()
     assert "the loss or its gradient was not finite in 20 updates in a row" in run.output()
