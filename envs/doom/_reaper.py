@@ -42,15 +42,20 @@ def parse_segment(name: str):
     return (m.group(1), m.group(2)) if m else None
 
 
-def unlink_game_segments(instance_id: str, shm_dir: str = SHM_DIR) -> list:
+def _unlink(names, shm_dir: str) -> list:
+    """Unlink each named segment; the names that were there to remove."""
     removed = []
-    for name in shm_names(instance_id):
+    for name in names:
         try:
             os.unlink(os.path.join(shm_dir, name))
             removed.append(name)
         except OSError:
             pass
     return removed
+
+
+def unlink_game_segments(instance_id: str, shm_dir: str = SHM_DIR) -> list:
+    return _unlink(shm_names(instance_id), shm_dir)
 
 
 def pid_alive(pid: int) -> bool:
@@ -146,14 +151,7 @@ def stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_than: fl
 
 
 def remove_stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_than: float | None = None) -> list:
-    removed = []
-    for name in stale_segments(shm_dir, grace_s, newer_than):
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            removed.append(name)
-        except OSError:
-            pass
-    return removed
+    return _unlink(stale_segments(shm_dir, grace_s, newer_than), shm_dir)
 
 
 def _kill_engine(pid: int, instance_id: str) -> None:
