@@ -375,10 +375,18 @@ class Runner:
         start = psutil.Process().create_time()
         exit_code, reason = 0, None
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Start-up may be interrupted anywhere, so a signal raises there. Once the loop
+        # runs, it only sets a flag the loop checks each poll: an exception raised at an
+        # arbitrary point could land inside the TensorBoard writer's queue.put and leave
+        # its worker thread unwoken, and the shutdown would then hang joining it.
+        signalled: list = []
 
         def on_signal(signum, frame):
-            raise StopRequested(signum)
+            if not signalled and not looping:
+                raise StopRequested(signum)
+            signalled.append(signum)
 
+        looping = False
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
@@ -387,7 +395,10 @@ class Runner:
                   f"inference {cfg.inference} on {self.device}; experiment in {cfg.experiment_dir}", flush=True)
             window = (0.0, 0, 0.0)
             last_status = 0.0
+            looping = True
             while True:
+                if signalled:
+                    raise StopRequested(signalled[0])
                 time.sleep(POLL_S)
                 elapsed = time.time() - start
                 self._drain(start, monitor)

@@ -164,7 +164,11 @@ def test_deathmatch_respawns_and_ends_by_timeout():
             break
         assert not env.game.is_player_dead()  # respawned within the step
     assert truncated and not terminated
-    assert total <= -1.0 and info["true_objective"] == total  # the suicide cost a frag
+    assert env.game.get_game_variable(vizdoom.GameVariable.DEATHCOUNT) == 1.0  # it died once
+    # ZDoom usually charges the suicide a frag, but not always (about 1 run in 20, even
+    # with one seed), so the reward is checked against the engine's own frag count.
+    frags = env.game.get_game_variable(vizdoom.GameVariable.FRAGCOUNT)
+    assert total == frags == info["true_objective"] and frags in (0.0, -1.0)
     env.close()
 
 

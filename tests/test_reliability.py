@@ -140,19 +140,25 @@ def restart_after(run: TrainRun, how, message: str, samples_per_buffer: int) -> 
     assert pid_titled(run, "fastrl: rollout-worker 0") != old
 
 
+def stop_with_sigterm(run: TrainRun, timeout: float) -> None:
+    """End a run whose frame budget is out of reach: a fast machine must not finish a
+    fault test's run before the faults have been caused."""
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert finish(run, timeout) == 128 + signal.SIGTERM, run.output()
+
+
 def test_a_killed_rollout_worker_is_restarted_and_no_buffer_is_lost(tmp_path):
     # One worker and the fewest buffers the config allows (one it holds, one for
-    # the batch): if a kill lost the buffer the worker held, the second kill
-    # would leave none and the run would stall short of its frame target.
+    # the batch): if a kill lost the buffer the worker held, sampling would stall
+    # after the second kill instead of going on for ten more buffers.
     run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--num_buffers", "2",
-                 "--train_for_env_frames", "20000"])
+                 "--train_for_env_frames", "100000000"])
     wait_for_frames(run, 1, timeout=60)
     for _ in range(2):
         restart_after(run, lambda pid: os.kill(pid, signal.SIGKILL), "rollout-worker 0 was killed by signal 9",
                       samples_per_buffer=128)
-    assert finish(run, 120) == 0, run.output()
+    stop_with_sigterm(run, 60)
     summary = read_summary(tmp_path, "CartPole-v1")
-    assert summary["env_frames"] >= 20000
     assert summary["worker_restarts"] == 2
     assert summary["trajectories_discarded"] <= 2
     assert_nothing_left(run)
@@ -162,14 +168,14 @@ def test_a_hung_rollout_worker_is_killed_and_restarted(tmp_path):
     # Policy-worker mode: the frozen worker holds both its splits' buffers, and
     # with the minimum pool (2 held + 1 for the batch) losing them would stall the run.
     run = start(["--env", "CartPole-v1", *SMALL, "--inference", "policy_worker", "--batch_size", "64",
-                 "--num_buffers", "3", "--worker_timeout_seconds", "3", "--train_for_env_frames", "12000",
+                 "--num_buffers", "3", "--worker_timeout_seconds", "3", "--train_for_env_frames", "100000000",
                  "--train_dir", str(tmp_path)])
     wait_for_frames(run, 1, timeout=60)
     stopped_at = time.time()
     restart_after(run, lambda pid: os.kill(pid, signal.SIGSTOP), "rollout-worker 0 sent no heartbeat for 3 s",
                   samples_per_buffer=64)
     assert time.time() - stopped_at < 25
-    assert finish(run, 90) == 0, run.output()
+    stop_with_sigterm(run, 60)
     assert read_summary(tmp_path, "CartPole-v1")["worker_restarts"] == 1
     assert_nothing_left(run)
 
