@@ -11,6 +11,8 @@ Runs fastrl, then Sample Factory, then fastrl, ... (--rounds pairs), each for
 resized to 128x72 RGB, frameskip 4, conv 32k8s4/64k4s2/128k3s2 + FC 512 (ELU),
 GRU 512, rollout 32, batch 1024, 1 epoch x 1 minibatch, 2 workers x 8 envs, CPU,
 one torch thread per process. Every flag and why: benchmarks/sample_factory_notes.md.
+With --fastrl_layout planned, fastrl's planner picks its own process layout (the
+layout flags then set SF's), to compare --plan auto against SF's hand-tuned layouts.
 
 Sample Factory pins numpy<2 and gymnasium<1.0, so it lives in its own virtualenv
 (benchmarks/.venv-sf by default, git-ignored), created and filled on first use:
@@ -146,10 +148,6 @@ def fastrl_command(args, experiment: str, has_plan: bool) -> list:
         "--experiment", experiment, "--train_dir", args.train_dir, "--restart",
         "--seed", "0",
         "--device", "cpu",
-        "--num_workers", str(args.num_workers),
-        "--num_envs_per_worker", str(args.num_envs_per_worker),
-        "--inference", args.fastrl_inference,
-        "--torch_threads", "1", "--learner_threads", "1",
         "--rollout", str(args.rollout),
         "--batch_size", str(args.batch_size),
         "--ppo_epochs", "1", "--num_minibatches", "1",
@@ -162,6 +160,12 @@ def fastrl_command(args, experiment: str, has_plan: bool) -> list:
         "--eval_every_frames", "0",
         "--with_wandb", "false",
     ]
+    if args.fastrl_layout == "planned":
+        # The planner chooses workers, envs, inference placement, threads and buffers
+        # from its profile of this machine; the model and batch stay as above.
+        return cmd + ["--plan", "auto"] + list(args.fastrl_extra)
+    cmd += ["--num_workers", str(args.num_workers), "--num_envs_per_worker", str(args.num_envs_per_worker),
+            "--inference", args.fastrl_inference, "--torch_threads", "1", "--learner_threads", "1"]
     if args.fastrl_inference == "policy_worker":
         cmd += ["--num_policy_workers", "1"]
     if has_plan:
@@ -535,6 +539,9 @@ def main(argv=None) -> int:
     p.add_argument("--fastrl_inference", choices=("local", "policy_worker"), default="local",
                    help="fastrl's inference placement: its default 'local', or 'policy_worker' "
                         "(SF's layout: one separate inference process)")
+    p.add_argument("--fastrl_layout", choices=("fixed", "planned"), default="fixed",
+                   help="fixed: fastrl gets the same layout as SF (--num_workers etc., --plan off); "
+                        "planned: fastrl's --plan auto chooses its own layout (the layout flags then apply to SF only)")
     p.add_argument("--env_check_seconds", type=float, default=20.0,
                    help="first step each side's own env, num_workers processes, random actions, no model, "
                         "for this long (0 = skip): tells how much of the ratio the envs alone explain")

@@ -78,6 +78,9 @@ class Config:
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation of vector observations inside the model.")
+    precision: str = _opt("auto", "Arithmetic of image encoders: fp32; bf16 (bfloat16 convs and FC, float32 weights, GRU, "
+                          "heads and loss); auto = bf16 on CPUs that compute bfloat16 natively (AVX512-BF16 or AMX), else fp32.",
+                          choices=("auto", "fp32", "bf16"))
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
                                  "costs a second encoder pass, so image models may prefer false.")
 

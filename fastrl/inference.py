@@ -9,6 +9,17 @@ import torch
 from fastrl.model import ActorCritic, load_flat_state
 
 
+def resolve_precision(cfg) -> str:
+    """cfg.precision with auto decided. bf16 pays only where the CPU has bfloat16
+    instructions: elsewhere oneDNN emulates it, slower than fp32. On CUDA auto stays
+    fp32 because no GPU measurement backs another choice yet."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    on_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bf16" if native and not on_cuda else "fp32"
+
+
 def build_model(cfg, obs_space, action_space) -> ActorCritic:
     return ActorCritic(
         obs_space,
@@ -19,6 +30,7 @@ def build_model(cfg, obs_space, action_space) -> ActorCritic:
         activation=cfg.activation,
         normalize_obs=cfg.normalize_obs,
         separate_critic=cfg.separate_critic,
+        conv_bf16=resolve_precision(cfg) == "bf16",
     )
 
 

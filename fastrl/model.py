@@ -173,10 +173,17 @@ class DiscreteEncoder(nn.Module):
 
 
 class ConvEncoder(nn.Module):
-    """uint8 image [C, H, W] -> /255 -> conv 32k8s4, 64k4s2, 128k3s2 -> FC 512 (ELU)."""
+    """uint8 image [C, H, W] -> /255 -> conv 32k8s4, 64k4s2, 128k3s2 -> FC 512 (ELU).
 
-    def __init__(self, key: str, shape: Tuple[int, int, int]):
+    With bf16=True the convolutions and the FC run under bfloat16 autocast on a
+    channels-last input (oneDNN's fast path for bf16 convolutions) and the features
+    come back as float32, so the GRU, the heads and the loss stay in float32. The
+    weights themselves stay float32: this only changes the arithmetic.
+    """
+
+    def __init__(self, key: str, shape: Tuple[int, int, int], bf16: bool = False):
         super().__init__()
+        self.bf16 = bf16
         channels, height, width = shape
         if min(height, width) < CONV_MIN_SIZE:
             raise ValueError(
@@ -195,8 +202,13 @@ class ConvEncoder(nn.Module):
         self.out_dim = 512
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x uint8 [N, C, H, W] -> features [N, 512]."""
-        return self.fc(self.conv(x.float() * (1.0 / 255.0)))
+        """x uint8 [N, C, H, W] -> features [N, 512] float32."""
+        x = x.float() * (1.0 / 255.0)
+        if not self.bf16:
+            return self.fc(self.conv(x))
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            features = self.fc(self.conv(x.contiguous(memory_format=torch.channels_last)))
+        return features.float()
 
 
 class ActOutput(NamedTuple):
@@ -235,6 +247,8 @@ class ActorCritic(nn.Module):
         normalize_obs: keep running statistics of vector observations and feed the
             clipped z-scores to the MLP; the learner updates them via
             `update_normalizer`.
+        conv_bf16: run image encoders in bfloat16 (see ConvEncoder); worth it only
+            where the hardware has native bf16 (inference.resolve_precision decides).
         separate_critic: give the value head its own feed-forward encoders instead of
             sharing the policy's encoders and core. Sharing halves the compute (what
             image models want); separate weights keep the value loss, whose scale
@@ -255,8 +269,10 @@ class ActorCritic(nn.Module):
         activation: str = "tanh",
         normalize_obs: bool = False,
         separate_critic: bool = False,
+        conv_bf16: bool = False,
     ):
         super().__init__()
+        self.conv_bf16 = conv_bf16
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r} is unknown; use one of {sorted(ACTIVATIONS)}.")
         if any(int(h) < 1 for h in hidden_sizes):
@@ -292,7 +308,7 @@ class ActorCritic(nn.Module):
         for key, (shape, dtype) in self.layout.items():
             space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
             if dtype == torch.uint8:
-                encoders.append(ConvEncoder(key, shape))
+                encoders.append(ConvEncoder(key, shape, bf16=self.conv_bf16))
             elif dtype == torch.int64:
                 encoders.append(DiscreteEncoder(space, hidden_sizes, activation))
             else:

@@ -264,7 +264,7 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
 
     from fastrl.profiling import machine_info
 
-    model_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs",
+    model_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
                   "rollout", "ppo_epochs", "doom_measurements", "doom_scenario")
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(),
                       "torch": torch.__version__, **{k: getattr(cfg, k) for k in model_keys}}, sort_keys=True)

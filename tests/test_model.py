@@ -212,3 +212,71 @@ def test_bad_inputs_raise_clear_errors():
         model.act({"wrong": torch.zeros(B, 6)}, torch.zeros(B, H))
     with pytest.raises(ValueError, match=r"rnn_state must be \[B, 16\]"):
         model.act(_batch(VECTOR, (B,)), torch.zeros(B, 0))
+
+
+# -- bf16 image encoders ---------------------------------------------------------------------
+
+def _bf16_twin(name):
+    """An fp32 model and a bf16-encoder model with the same weights."""
+    fp32 = _model(name, True)
+    bf16 = _model(name, True, conv_bf16=True)
+    bf16.load_state_dict(fp32.state_dict())  # the same keys: checkpoints load either way
+    return fp32, bf16
+
+
+def _relative_error(a, b):
+    return float((a - b).norm() / a.norm())
+
+
+@pytest.mark.parametrize("name", ["image", "dict"])
+def test_bf16_encoder_features_and_gradients_follow_fp32(name):
+    fp32, bf16 = _bf16_twin(name)
+    obs = _batch(OBS_SPACES[name], (32,))
+    features = {}
+    for label, model in (("fp32", fp32), ("bf16", bf16)):
+        x = model._encode(obs)
+        x.square().mean().backward()
+        features[label] = x.detach()
+    assert features["bf16"].dtype == torch.float32  # the GRU and heads get float32
+    # bfloat16 keeps 8 significant bits (relative step 2^-8 = 0.4%).
+    assert _relative_error(features["fp32"], features["bf16"]) < 0.02
+    for (key, p32), p16 in zip(fp32.named_parameters(), bf16.parameters()):
+        if p32.grad is not None:
+            assert _relative_error(p32.grad, p16.grad) < 0.05, key
+
+
+def test_bf16_learner_unroll_matches_inference_closely():
+    # The learner's batch and the actor's differ in size, so their bf16 arithmetic can
+    # round differently: the importance ratio of an unchanged policy stays near 1.
+    _, model = _bf16_twin("image")
+    obs = _batch(IMAGE, (T + 1, B))
+    episode_start = torch.zeros(T + 1, B)
+    h, logps, actions = torch.zeros(B, H), [], []
+    with torch.no_grad():
+        for t in range(T):
+            out = model.act({"obs": obs["obs"][t]}, h)
+            h = out.rnn_state
+            logps.append(out.logp)
+            actions.append(out.actions)
+        ev = model.evaluate(obs, torch.zeros(B, H), episode_start, torch.stack(actions))
+    ratio = torch.exp(ev.logp - torch.stack(logps))
+    assert float((ratio - 1).abs().max()) < 0.01
+
+
+def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):
+    from fastrl.config import parse_args
+    from fastrl.inference import build_model, resolve_precision
+
+    def cfg(*args):
+        return parse_args(["--env", "CartPole-v1", *args])[0]
+
+    assert resolve_precision(cfg("--precision", "fp32")) == "fp32"
+    assert resolve_precision(cfg("--precision", "bf16")) == "bf16"
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert resolve_precision(cfg("--device", "cpu")) == ("bf16" if native else "fp32")
+        model = build_model(cfg("--device", "cpu"), IMAGE, gym.spaces.Discrete(3))
+        assert model.encoders[0].bf16 is native
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_precision(cfg("--device", "auto")) == "fp32"  # unmeasured on GPUs: keep fp32
