@@ -203,11 +203,14 @@ class ConvEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x uint8 [N, C, H, W] -> features [N, 512] float32."""
-        x = x.float() * (1.0 / 255.0)
         if not self.bf16:
-            return self.fc(self.conv(x))
+            return self.fc(self.conv(x.float().mul_(1.0 / 255.0)))
+        # Reordered while still uint8 (a quarter of float32's bytes to move), then
+        # converted straight to bfloat16, exact for 0..255: this input path took a
+        # third of the learner's time when it went through a float32 copy.
+        x = x.contiguous(memory_format=torch.channels_last).to(torch.bfloat16).mul_(1.0 / 255.0)
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
-            features = self.fc(self.conv(x.contiguous(memory_format=torch.channels_last)))
+            features = self.fc(self.conv(x))
         return features.float()
 
 

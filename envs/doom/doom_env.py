@@ -1,7 +1,7 @@
 """DoomEnv: one ViZDoom game as a gymnasium.Env, with fastrl's screen, frameskip,
 action and reward wrappers built in (one object, no wrapper chain to step through).
 
-Observation: the engine renders 160x120 RGB; cv2 (INTER_AREA) resizes it to 128
+Observation: the engine renders 160x120 RGB; cv2 (bilinear) resizes it to 128
 wide x 72 high, channel first: uint8 Box (3, 72, 128). With measurements=True the
 observation is a Dict {"obs": that image, "measurements": float32 (5,)} holding
 health/100, ammo of the selected weapon/100, armor/100, kills/10 (frags/10 in
@@ -238,7 +238,10 @@ class DoomEnv(gym.Env):
     def _observe(self, state) -> object:
         frame = state.screen_buffer  # (120, 160, 3) uint8
         self._last_frame = frame
-        small = cv2.resize(frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_AREA)
+        # Bilinear, not INTER_AREA: 32 us instead of 160 us on one core, which was 15%
+        # of a whole env step, for a 0.8 x 0.6 downscale that bilinear handles well.
+        # (Sample Factory's Doom resize is nearest-neighbour, cheaper and coarser.)
+        small = cv2.resize(frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_LINEAR)
         image = np.ascontiguousarray(small.transpose(2, 0, 1))
         if not self.measurements:
             return image
