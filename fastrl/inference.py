@@ -16,7 +16,9 @@ def resolve_precision(cfg) -> str:
     if cfg.precision != "auto":
         return cfg.precision
     on_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    # Private torch helpers: a torch without them counts as no native bf16.
+    native = any(getattr(torch.cpu, probe, lambda: False)()
+                 for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
     return "bf16" if native and not on_cuda else "fp32"
 
 
