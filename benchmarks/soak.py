@@ -144,19 +144,18 @@ def judge(samples: list, warmup_s: float, max_pct: float, max_mb: float) -> dict
     # the first time a process touches them: a rollout worker handed buffer indices
     # it never had before, or mapping its games' screen segments, grows in RSS by
     # tens of MB (measured on doom_basic) while its private memory stays flat.
+    def memory_check(a: dict, b: dict, procs: int) -> dict:
+        allowed = max(a["uss_mb"] * max_pct / 100.0, max_mb * procs)
+        growth = b["uss_mb"] - a["uss_mb"]
+        return {"uss_mb_from": round(a["uss_mb"], 1), "uss_mb_to": round(b["uss_mb"], 1),
+                "rss_mb_from": round(a["rss_mb"], 1), "rss_mb_to": round(b["rss_mb"], 1),
+                "growth_mb": round(growth, 1), "allowed_mb": round(allowed, 1), "flat": growth <= allowed}
+
     for name in sorted(set(first["groups"]) & set(last["groups"])):
         a, b = first["groups"][name], last["groups"][name]
-        allowed = max(a["uss_mb"] * max_pct / 100.0, max_mb * max(a["procs"], b["procs"]))
-        growth = b["uss_mb"] - a["uss_mb"]
-        checks[name] = {"uss_mb_from": round(a["uss_mb"], 1), "uss_mb_to": round(b["uss_mb"], 1),
-                        "rss_mb_from": round(a["rss_mb"], 1), "rss_mb_to": round(b["rss_mb"], 1),
-                        "growth_mb": round(growth, 1), "allowed_mb": round(allowed, 1), "flat": growth <= allowed}
-    total_allowed = max(first["total_uss_mb"] * max_pct / 100.0, max_mb * first["processes"])
-    total_growth = last["total_uss_mb"] - first["total_uss_mb"]
-    checks["all processes"] = {"uss_mb_from": round(first["total_uss_mb"], 1), "uss_mb_to": round(last["total_uss_mb"], 1),
-                               "rss_mb_from": round(first["total_rss_mb"], 1), "rss_mb_to": round(last["total_rss_mb"], 1),
-                               "growth_mb": round(total_growth, 1), "allowed_mb": round(total_allowed, 1),
-                               "flat": total_growth <= total_allowed}
+        checks[name] = memory_check(a, b, max(a["procs"], b["procs"]))
+    totals = [{"uss_mb": s["total_uss_mb"], "rss_mb": s["total_rss_mb"]} for s in (first, last)]
+    checks["all processes"] = memory_check(*totals, first["processes"])
     shm_growth = (last["shm_mapped_objects"] - first["shm_mapped_objects"],
                   last["shm_mapped_mb"] - first["shm_mapped_mb"])
     checks["shared memory"] = {"objects_from": first["shm_mapped_objects"], "objects_to": last["shm_mapped_objects"],

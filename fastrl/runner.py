@@ -380,13 +380,13 @@ class Runner:
         # arbitrary point could land inside the TensorBoard writer's queue.put and leave
         # its worker thread unwoken, and the shutdown would then hang joining it.
         signalled: list = []
+        looping = False
 
         def on_signal(signum, frame):
-            if not signalled and not looping:
+            if not looping:
                 raise StopRequested(signum)
             signalled.append(signum)
 
-        looping = False
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:

@@ -160,6 +160,7 @@ def _read_offline_run(wandb_dir: str, run_id: str, timeout: float = 20.0) -> dic
     while True:
         run = _read_offline_run_once(wandb_dir, run_id)
         if (run["project"] is not None and run == previous) or time.time() > deadline:
+            assert run["files"], f"no offline run {run_id} under {wandb_dir}"
             return run  # two identical reads in a row: the writer is done
         previous = run
         time.sleep(0.5)

@@ -201,15 +201,21 @@ def test_an_env_that_always_raises_stops_the_run_naming_it(tmp_path):
     assert_nothing_left(run)
 
 
+def kill_and_see_the_run_stop_naming_it(run: TrainRun, name: str) -> None:
+    """SIGKILL the process titled 'fastrl: <name>': the run must exit 1 within 15 s,
+    naming the process and its cause."""
+    os.kill(pid_titled(run, f"fastrl: {name}"), signal.SIGKILL)
+    killed_at = time.time()
+    assert finish(run, 30) == 1, run.output()
+    assert time.time() - killed_at < 15
+    assert re.search(rf"{re.escape(name)} \(pid \d+\) was killed by SIGKILL", run.output()), run.output()
+
+
 def test_a_killed_policy_worker_stops_the_run_naming_it(tmp_path):
     run = start([*CARTPOLE, "--inference", "policy_worker", "--num_buffers", "6", "--train_dir", str(tmp_path)])
     # The worker can run at most 6 buffers (384 frames) ahead of the learner: past 1000, it has trained.
     wait_for_frames(run, 1000, timeout=60)
-    os.kill(pid_titled(run, "fastrl: policy-worker 0"), signal.SIGKILL)
-    killed_at = time.time()
-    assert finish(run, 30) == 1, run.output()
-    assert time.time() - killed_at < 15
-    assert re.search(r"policy-worker 0 \(pid \d+\) was killed by SIGKILL", run.output()), run.output()
+    kill_and_see_the_run_stop_naming_it(run, "policy-worker 0")
     # The learner was alive, so it wrote a final checkpoint.
     state, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
     assert state is not None and state["version"] > 0
@@ -219,11 +225,7 @@ def test_a_killed_policy_worker_stops_the_run_naming_it(tmp_path):
 def test_a_killed_learner_stops_the_run_naming_it(tmp_path):
     run = start([*CARTPOLE, "--train_dir", str(tmp_path)])
     wait_for_frames(run, 1, timeout=60)
-    os.kill(pid_titled(run, "fastrl: learner"), signal.SIGKILL)
-    killed_at = time.time()
-    assert finish(run, 30) == 1, run.output()
-    assert time.time() - killed_at < 15
-    assert re.search(r"learner \(pid \d+\) was killed by SIGKILL", run.output()), run.output()
+    kill_and_see_the_run_stop_naming_it(run, "learner")
     assert_nothing_left(run)
 
 
