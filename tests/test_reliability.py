@@ -235,7 +235,9 @@ def test_a_killed_learner_stops_the_run_naming_it(tmp_path):
 def cartpole_experiment(tmp_path_factory):
     """A finished CartPole run with several checkpoints; tests copy it before changing it."""
     root = tmp_path_factory.mktemp("trained")
-    run = start([*CARTPOLE, "--train_dir", str(root), "--train_for_env_frames", "10000",
+    # A time budget, not a frame budget: 10,000 frames took ~1.5 s of training here, just
+    # enough for 2 checkpoints, and a faster machine would write one.
+    run = start([*CARTPOLE, "--train_dir", str(root), "--train_for_seconds", "6",
                  "--checkpoint_every_seconds", "0.5", "--keep_checkpoints", "3"])
     assert finish(run, 90) == 0, run.output()
     assert len(checkpoints(root / "CartPole-v1" / "checkpoints")) >= 2, run.output()
