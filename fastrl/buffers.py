@@ -56,7 +56,13 @@ class TrajectoryBuffers:
 
     def gather(self, indices: list) -> dict:
         """Copy the given buffers out into one time-major batch [T(+1), len*n, ...]
-        so that the buffers can be freed at once and the learner trains on its copy."""
+        so that the buffers can be freed at once and the learner trains on its copy.
+
+        final_obs comes back compact: {k: [M, *shape]}, the M truncated steps' rows
+        only, with final_row [T, len*n] giving each step's row (-1 where it was not
+        truncated). Copying every step's final obs would move as many bytes as obs
+        itself for a handful of rows.
+        """
         idx = torch.as_tensor(indices, dtype=torch.long)
 
         def take(t: torch.Tensor) -> torch.Tensor:
@@ -64,16 +70,22 @@ class TrajectoryBuffers:
             x = x.transpose(0, 1)  # [T, k, n, ...]
             return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
+        truncated = take(self.truncated)  # [T, k*n]
+        t_idx, col = truncated.nonzero(as_tuple=True)
+        buf, env = idx[col // self.envs_per_split], col % self.envs_per_split
+        final_row = torch.full(truncated.shape, -1, dtype=torch.long)
+        final_row[t_idx, col] = torch.arange(t_idx.numel())
         rnn0 = self.rnn_state0.index_select(0, idx)  # [k, n, H]
         return {
             "obs": {k: take(v) for k, v in self.obs.items()},
-            "final_obs": {k: take(v) for k, v in self.final_obs.items()},
+            "final_obs": {k: v[buf, t_idx, env] for k, v in self.final_obs.items()},
+            "final_row": final_row,
             "episode_start": take(self.episode_start),
             "actions": take(self.actions),
             "behaviour_logp": take(self.behaviour_logp),
             "policy_version": take(self.policy_version),
             "rewards": take(self.rewards),
             "terminated": take(self.terminated),
-            "truncated": take(self.truncated),
+            "truncated": truncated,
             "rnn_state0": rnn0.flatten(0, 1),
         }

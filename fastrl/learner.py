@@ -105,7 +105,10 @@ class Learner:
         B = batch["rewards"].shape[1]
         mb = B // cfg.num_minibatches
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(B, device=dev) if cfg.num_minibatches > 1 else torch.arange(B, device=dev)
+            if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
+                self._gradient_step(batch, valid)
+                continue
+            order = torch.randperm(B, device=dev)
             for start in range(0, B, mb):
                 cols = order[start:start + mb]
                 self._gradient_step(_columns(batch, cols), valid[:, cols])
@@ -199,7 +202,8 @@ def final_values(model, mb: dict, ev) -> torch.Tensor:
     if not truncated.any():
         return v_final
     t_idx, b_idx = truncated.nonzero(as_tuple=True)
-    obs = {k: v[t_idx, b_idx] for k, v in mb["final_obs"].items()}
+    rows = mb["final_row"][t_idx, b_idx]
+    obs = {k: v[rows] for k, v in mb["final_obs"].items()}
     # The GRU state carried out of step t, before the reset the next episode applies.
     rnn = ev.rnn_states[t_idx + 1, b_idx]
     v_final[t_idx, b_idx] = model.values_with_state(obs, rnn)
@@ -214,10 +218,13 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 def _columns(batch: dict, cols: torch.Tensor) -> dict:
-    """The same env columns of every time-major tensor (rnn_state0 is [B, H])."""
+    """The same env columns of every time-major tensor (rnn_state0 is [B, H]);
+    final_obs rows are shared, addressed through final_row."""
     out = {}
     for k, v in batch.items():
-        if isinstance(v, dict):
+        if k == "final_obs":
+            out[k] = v
+        elif isinstance(v, dict):
             out[k] = {kk: vv.index_select(1, cols) for kk, vv in v.items()}
         elif k == "rnn_state0":
             out[k] = v.index_select(0, cols)

@@ -274,7 +274,8 @@ def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
         # No truncations: the learner's extra forward on the few truncated
         # observations is negligible next to the unroll.
         "truncated": torch.zeros(T, B, dtype=torch.bool),
-        "final_obs": {k: v[:-1] for k, v in obs.items()},
+        "final_obs": {k: v[:0, 0] for k, v in obs.items()},
+        "final_row": torch.full((T, B), -1, dtype=torch.long),
         "valid": torch.ones(T, B),
     }
 

@@ -66,6 +66,22 @@ def test_gather_makes_a_time_major_copy():
     assert buffers.rewards[3, 2, 0] == 320  # a copy: freeing the buffer cannot change the batch
 
 
+def test_gather_copies_only_the_truncated_steps_final_obs():
+    buffers = _make_buffers(n=4)
+    buffers.truncated[3, 2, 1] = True  # batch column 1 (buffer 3 comes first)
+    buffers.final_obs["obs"][3, 2, 1] = 9
+    buffers.truncated[1, 0, 0] = True  # batch column 2
+    buffers.final_obs["obs"][1, 0, 0] = 4
+    buffers.final_obs["obs"][0] = 1  # a buffer not gathered
+    batch = buffers.gather([3, 1])
+    assert batch["final_obs"]["obs"].shape == (2, 3, 4, 5)
+    assert batch["final_obs"]["measurements"].shape == (2, 2)
+    rows = batch["final_row"]
+    assert rows.shape == (4, 4) and int((rows >= 0).sum()) == 2
+    assert batch["final_obs"]["obs"][rows[2, 1]].unique().tolist() == [9]
+    assert batch["final_obs"]["obs"][rows[0, 2]].unique().tolist() == [4]
+
+
 def test_params_reader_skips_the_copy_when_the_version_did_not_move():
     params = SharedParams(3)
     params.publish(torch.ones(3), version=4)
