@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from fastrl.model import obs_zeros
+
 
 class TrajectoryBuffers:
     """Shared tensors indexed [buffer, t, env, ...].
 
-    obs[k]            [N, T+1, n, *shape]  observation seen before step t (t=T: bootstrap obs)
+    obs[k]            [N, T+1, n, *shape]  observation seen before step t (t=T: bootstrap obs);
+                                           images channels-last in memory (model.obs_zeros)
     episode_start     [N, T+1, n]          obs[t] is the first of an episode (GRU resets there)
     actions           [N, T, n, A]         action taken at t
     behaviour_logp    [N, T, n]            its log-prob under the policy that chose it
@@ -34,11 +37,11 @@ class TrajectoryBuffers:
         def shared(shape, dtype):
             return torch.zeros(shape, dtype=dtype).share_memory_()
 
-        self.obs = {k: shared((N, T + 1, n, *shape), dtype) for k, (shape, dtype) in obs_layout.items()}
+        self.obs = {k: obs_zeros((N, T + 1, n), shape, dtype).share_memory_() for k, (shape, dtype) in obs_layout.items()}
         # Truncations are rare (once per time-limited episode), so this mostly
         # idle copy of the obs is the price of an exact bootstrap; the learner
         # reads only the rows flagged truncated.
-        self.final_obs = {k: shared((N, T, n, *shape), dtype) for k, (shape, dtype) in obs_layout.items()}
+        self.final_obs = {k: obs_zeros((N, T, n), shape, dtype).share_memory_() for k, (shape, dtype) in obs_layout.items()}
         self.episode_start = shared((N, T + 1, n), torch.bool)
         self.actions = shared((N, T, n, action_dim), action_dtype)
         self.behaviour_logp = shared((N, T, n), torch.float32)
@@ -70,6 +73,11 @@ class TrajectoryBuffers:
             x = x.transpose(0, 1)  # [T, k, n, ...]
             return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
+        def take_obs(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() == 6 and t.stride(-3) == 1:  # a channels-last image: copy it as laid out
+                return take(t.movedim(-3, -1)).movedim(-1, -3)
+            return take(t)
+
         truncated = take(self.truncated)  # [T, k*n]
         t_idx, col = truncated.nonzero(as_tuple=True)
         buf, env = idx[col // self.envs_per_split], col % self.envs_per_split
@@ -77,7 +85,7 @@ class TrajectoryBuffers:
         final_row[t_idx, col] = torch.arange(t_idx.numel())
         rnn0 = self.rnn_state0.index_select(0, idx)  # [k, n, H]
         return {
-            "obs": {k: take(v) for k, v in self.obs.items()},
+            "obs": {k: take_obs(v) for k, v in self.obs.items()},
             "final_obs": {k: v[buf, t_idx, env] for k, v in self.final_obs.items()},
             "final_row": final_row,
             "episode_start": take(self.episode_start),

@@ -224,8 +224,8 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
     for k, v in batch.items():
         if k == "final_obs":
             out[k] = v
-        elif isinstance(v, dict):
-            out[k] = {kk: vv.index_select(1, cols) for kk, vv in v.items()}
+        elif isinstance(v, dict):  # indexing keeps channels-last images so; index_select would not
+            out[k] = {kk: vv[:, cols] for kk, vv in v.items()}
         elif k == "rnn_state0":
             out[k] = v.index_select(0, cols)
         else:

@@ -32,6 +32,7 @@ import torch
 from envs.registry import get_spec
 from fastrl.inference import build_model
 from fastrl.learner import gradient_step
+from fastrl.model import obs_zeros
 from fastrl.proc import run_child
 from fastrl.rollout_worker import env_options
 
@@ -242,17 +243,19 @@ class ModelProfile:
 
 
 def _fake_obs(model, obs_space, lead: tuple, gen: torch.Generator) -> dict:
-    """Random observations {key: [*lead, *shape]} in the model's storage dtypes."""
+    """Random observations {key: [*lead, *shape]} in the model's storage dtypes and
+    the trainer's buffer layout (so the profile times what training runs)."""
     obs = {}
     for key, (shape, dtype) in model.layout.items():
         size = (*lead, *shape)
         if dtype == torch.uint8:
-            obs[key] = torch.randint(0, 256, size, dtype=torch.uint8, generator=gen)
+            values = torch.randint(0, 256, size, dtype=torch.uint8, generator=gen)
         elif dtype == torch.int64:  # a Discrete observation: stay inside its values
             space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
-            obs[key] = torch.randint(int(space.start), int(space.start + space.n), size, generator=gen)
+            values = torch.randint(int(space.start), int(space.start + space.n), size, generator=gen)
         else:
-            obs[key] = torch.randn(size, generator=gen)
+            values = torch.randn(size, generator=gen)
+        obs[key] = obs_zeros(lead, shape, dtype).copy_(values)
     return obs
 
 

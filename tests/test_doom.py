@@ -59,7 +59,8 @@ def test_scenario_constructs_resets_and_steps(name):
     assert pid_alive(pid) and len(leftovers(iid)) == 3
     assert env.observation_space.shape == (3, 72, 128) and env.observation_space.dtype == np.uint8
     obs, info = env.reset()
-    assert obs.shape == (3, 72, 128) and obs.dtype == np.uint8 and obs.flags.c_contiguous
+    assert obs.shape == (3, 72, 128) and obs.dtype == np.uint8
+    assert obs.transpose(1, 2, 0).flags.c_contiguous  # channels-last in memory, as the buffers store it
     assert env.observation_space.contains(obs) and obs.any()
     for _ in range(20):
         obs, reward, terminated, truncated, info = env.step(env.action_space.sample())

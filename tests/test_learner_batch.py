@@ -1,5 +1,6 @@
 """The learner's batch plumbing: a gathered batch, split into minibatch columns,
-bootstraps each truncated step from that step's own final observation."""
+keeps its images channels-last and bootstraps each truncated step from that
+step's own final observation."""
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -39,6 +40,7 @@ def test_truncated_steps_bootstrap_from_their_own_final_obs(cols):
     batch = buffers.gather([2, 0])  # columns 0-2: buffer 2's envs, 3-5: buffer 0's
     if cols is not None:
         batch = _columns(batch, torch.tensor(cols))
+    assert batch["obs"]["image"].flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
     columns = cols or list(range(2 * N_ENVS))
     with torch.no_grad():
         ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])

@@ -12,6 +12,7 @@ from fastrl.model import (
     load_flat_state,
     obs_layout,
     obs_to_tensors,
+    obs_zeros,
 )
 
 IMAGE = gym.spaces.Box(0, 255, (3, 72, 128), np.uint8)
@@ -262,6 +263,17 @@ def test_bf16_learner_unroll_matches_inference_closely():
         ev = model.evaluate(obs, torch.zeros(B, H), torch.zeros(T + 1, B), torch.stack(actions[:T]))
     assert _relative_error(torch.stack(values), ev.values) < 1e-4
     assert _relative_error(torch.stack(states), ev.core_out) < 1e-4
+
+
+@pytest.mark.parametrize("conv_bf16", [False, True], ids=["fp32", "bf16"])
+def test_encoder_reads_channels_last_storage_as_the_same_image(conv_bf16):
+    model = _model("image", True, conv_bf16=conv_bf16)
+    image = _batch(IMAGE, (8,))["obs"]
+    stored = obs_zeros((8,), (3, 72, 128), torch.uint8).copy_(image)  # the buffers' layout
+    assert stored.is_contiguous(memory_format=torch.channels_last) and torch.equal(stored, image)
+    with torch.no_grad():
+        torch.testing.assert_close(model._encode({"obs": stored}), model._encode({"obs": image}),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):

@@ -41,6 +41,7 @@ def test_buffers_params_and_board_round_trip_through_a_spawned_process():
     assert p.exitcode == 0
 
     assert int(buffers.obs["obs"][1, 2, 1].sum()) == 7 * 60
+    assert buffers.obs["obs"][1, 2].is_contiguous(memory_format=torch.channels_last)
     assert buffers.obs["obs"][0].sum() == 0 and buffers.obs["obs"][2].sum() == 0
     assert buffers.obs["measurements"][1, 4, 0].tolist() == [1.5, -2.0]
     assert buffers.actions[1, 3, 0].tolist() == [4, 5]
@@ -64,6 +65,17 @@ def test_gather_makes_a_time_major_copy():
     assert batch["rnn_state0"][:, 0].tolist() == [3, 3, 1, 1]
     batch["rewards"].zero_()
     assert buffers.rewards[3, 2, 0] == 320  # a copy: freeing the buffer cannot change the batch
+
+
+def test_images_are_stored_and_gathered_channels_last():
+    buffers = _make_buffers(n=4)
+    image = torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8)
+    buffers.obs["obs"].numpy()[1, 2, 0] = image.numpy()  # as the rollout worker writes
+    assert buffers.obs["obs"][1].flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+    batch = buffers.gather([3, 1])
+    frames = batch["obs"]["obs"].flatten(0, 1)  # what the encoder sees
+    assert frames.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(batch["obs"]["obs"][2, 2], image)
 
 
 def test_gather_copies_only_the_truncated_steps_final_obs():

@@ -242,7 +242,9 @@ class DoomEnv(gym.Env):
         # of a whole env step, for a 0.8 x 0.6 downscale that bilinear handles well.
         # (Sample Factory's Doom resize is nearest-neighbour, cheaper and coarser.)
         small = cv2.resize(frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_LINEAR)
-        image = np.ascontiguousarray(small.transpose(2, 0, 1))
+        # A [C, H, W] view of the [H, W, C] frame, not a copy: the trainer's buffers
+        # store images channels-last, so the frame reaches them in one plain copy.
+        image = small.transpose(2, 0, 1)
         if not self.measurements:
             return image
         meas = np.clip(state.game_variables[self._meas_idx] * self._meas_scale, -10.0, 10.0).astype(np.float32)
