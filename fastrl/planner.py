@@ -252,10 +252,28 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
                  train_s=dict(model.train_s_per_sample))
 
 
+def _source_digest() -> str:
+    """A hash of fastrl's and its envs' Python sources. A code change can change every
+    cost (a faster encoder, a cheaper env step), and a profile timed on the old code
+    would steer the plan wrong for as long as it is cached; re-profiling takes seconds."""
+    import hashlib
+
+    import envs
+
+    roots = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(envs.__file__)))
+    paths = sorted(os.path.join(folder, name) for root in roots for folder, _, files in os.walk(root)
+                   for name in files if name.endswith(".py"))
+    digest = hashlib.sha1()
+    for path in paths:
+        with open(path, "rb") as fh:
+            digest.update(os.path.basename(path).encode() + fh.read())
+    return digest.hexdigest()
+
+
 def cached_costs(cfg, env, seconds: float) -> tuple:
-    """profile_costs, remembered per machine, torch version, env and model options
-    under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first run of a
-    setup pays for the profile. Returns (costs, whether it came from the cache).
+    """profile_costs, remembered per machine, torch version, fastrl source, env and
+    model options under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first
+    run of a setup pays for the profile. Returns (costs, whether it came from the cache).
     A cached profile can be stale if the machine's load changed: --plan auto after
     deleting the file, or the bench CLI, measures afresh."""
     import hashlib
@@ -266,8 +284,8 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
 
     model_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
                   "rollout", "ppo_epochs", "doom_measurements", "doom_scenario")
-    key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(),
-                      "torch": torch.__version__, **{k: getattr(cfg, k) for k in model_keys}}, sort_keys=True)
+    key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
+                      "code": _source_digest(), **{k: getattr(cfg, k) for k in model_keys}}, sort_keys=True)
     root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
     path = os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
     try:

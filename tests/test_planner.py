@@ -107,3 +107,24 @@ def test_adapter_moves_a_core_to_a_busy_learner_and_back():
     assert window(40, 0.6, 0.97, 0.0) is None and adapter.threads == 2
     change = window(50, worker_wait=0.0, learner_busy=0.4, learner_wait=0.6)
     assert change and "learner threads 2 -> 1" in change and adapter.threads == 1
+
+
+def test_cached_profile_is_reused_until_the_code_changes(tmp_path, monkeypatch):
+    from fastrl import planner
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    profiled = []
+
+    def fake_profile(cfg_, env, obs_space, action_space, seconds):
+        profiled.append(1)
+        return learner_bound(2)
+
+    monkeypatch.setattr(planner, "profile_costs", fake_profile)
+    env = type("Env", (), {"observation_space": None, "action_space": None})()
+    first, cached = planner.cached_costs(cfg(), env, 1.0)
+    assert not cached and first == learner_bound(2)
+    again, cached = planner.cached_costs(cfg(), env, 1.0)
+    assert cached and again == first and len(profiled) == 1
+    monkeypatch.setattr(planner, "_source_digest", lambda: "edited sources")
+    _, cached = planner.cached_costs(cfg(), env, 1.0)
+    assert not cached and len(profiled) == 2
