@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from fastrl.config import Config
-from fastrl.planner import Costs, Plan, choose, predict
+from fastrl.planner import TIE, Costs, Plan, choose, predict
 
 
 def cfg(**kw):
@@ -54,6 +54,18 @@ def test_policy_workers_when_inference_is_expensive_and_cores_many():
     plan = choose(Costs(cores=32, env_s=1e-3, forward_s=costly, train_s={1: 5e-5}), cfg(max_policy_lag=100),
                   explicit=set())
     assert plan.inference == "policy_worker"
+
+
+def test_a_near_tie_goes_to_actors_that_outpace_the_learner():
+    # doom_battle-like costs on 2 cores: one worker of 32 envs is predicted within
+    # TIE of two workers, but it would keep the learner waiting for samples.
+    costs = Costs(cores=2, env_s=0.9e-3, forward_s={16: 0.32e-3, 32: 0.29e-3}, train_s={1: 1.12e-3, 2: 0.9e-3})
+    plan = choose(costs, cfg(rollout=32, batch_size=1024, ppo_epochs=1), explicit=set())
+    one = predict(costs, 1, 32, "local", 1, 1, 1, 32, 1024)
+    assert one["trained_steps_per_s"] >= (1 - TIE) * plan.predicted["trained_steps_per_s"]
+    assert one["production_steps_per_s"] < one["consumption_steps_per_s"]
+    assert plan.num_workers == 2
+    assert plan.predicted["production_steps_per_s"] > plan.predicted["consumption_steps_per_s"]
 
 
 def test_prediction_is_consistent_with_the_plan():
