@@ -9,6 +9,7 @@ from fastrl.model import (
     ActorCritic,
     flat_state,
     flat_state_size,
+    gru_step,
     load_flat_state,
     obs_layout,
     obs_to_tensors,
@@ -117,6 +118,22 @@ def test_evaluate_equals_stepwise_act(name, use_rnn):
         torch.testing.assert_close(v_extra, h_after_1)
         if use_rnn:
             torch.testing.assert_close(ev.rnn_states[2], ev.core_out[1])
+
+
+def test_gru_step_is_torchs_gru_cell():
+    cell = torch.nn.GRUCell(5, 4)
+    x_t, h_tm1 = torch.randn(3, 5), torch.randn(3, 4)
+    gi_t = torch.nn.functional.linear(x_t, cell.weight_ih, cell.bias_ih)
+    with torch.no_grad():
+        torch.testing.assert_close(gru_step(gi_t, h_tm1, cell.weight_hh, cell.bias_hh), cell(x_t, h_tm1),
+                                   rtol=1e-6, atol=1e-7)
+    # A hand-checked case: zero weights make every gate sigmoid(0) = 0.5 and n = tanh(0) = 0,
+    # so h_t = 0.5 * h_tm1.
+    zeros = torch.zeros(12, 4)
+    torch.testing.assert_close(gru_step(torch.zeros(1, 12), torch.tensor([[2.0, -4.0, 0.0, 1.0]]), zeros,
+                                        torch.zeros(12)), torch.tensor([[1.0, -2.0, 0.0, 0.5]]))
+    with pytest.raises(ValueError, match=r"gi_t \[N, 3H\]"):
+        gru_step(torch.zeros(1, 8), h_tm1[:1], cell.weight_hh, cell.bias_hh)
 
 
 def test_flat_state_round_trip():
@@ -274,6 +291,33 @@ def test_encoder_reads_channels_last_storage_as_the_same_image(conv_bf16):
     with torch.no_grad():
         torch.testing.assert_close(model._encode({"obs": stored}), model._encode({"obs": image}),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_inference_weights_give_autocasts_numbers_and_follow_every_update():
+    model = _model("image", True, conv_bf16=True)
+    encoder = model.encoders[0]
+    image = _batch(IMAGE, (8,))["obs"]
+    keys, size = list(model.state_dict()), flat_state_size(model)
+
+    def autocast_features():
+        x = image.contiguous(memory_format=torch.channels_last).to(torch.bfloat16).mul_(1.0 / 255.0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return encoder.fc(encoder.conv(x)).float()
+
+    with torch.no_grad():
+        before = encoder(image)
+        assert torch.equal(before, autocast_features())
+    # An optimizer step changes the weights in place: the bf16 copies must follow.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    encoder(image).square().mean().backward()  # with gradients: the autocast path
+    optimizer.step()
+    with torch.no_grad():
+        after_step = encoder(image)
+        assert not torch.equal(after_step, before) and torch.equal(after_step, autocast_features())
+        # So must a parameter load (the actors' way to get new weights).
+        load_flat_state(model, flat_state(_model("image", True, conv_bf16=True)))
+        assert torch.equal(encoder(image), autocast_features())
+    assert list(model.state_dict()) == keys and flat_state_size(model) == size
 
 
 def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):
