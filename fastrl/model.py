@@ -240,8 +240,8 @@ class ConvEncoder(nn.Module):
     def _bf16_layers(self) -> nn.Sequential:
         """conv and fc with bfloat16 weights, for forwards without gradients.
 
-        Autocast recasts all 1.3M float32 weights on every call, 7% of an actor's
-        16-sample forward; these copies give the same numbers (the same casts,
+        Autocast recasts all 1.3M float32 weights on every call, ~6% of an
+        actor's 16-sample forward; these copies give the same numbers (the same casts,
         done once) and are rebuilt when a weight changed in place (an optimizer
         step, a parameter load) or moved. Kept out of the module's registry, so
         out of state_dict, flat_state and .to().

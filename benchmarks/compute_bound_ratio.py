@@ -1,0 +1,75 @@
+"""How close training runs to the compute-bound limit, over several rounds.
+
+    python benchmarks/compute_bound_ratio.py --env doom_battle --rounds 3 [bench options...]
+
+Each round is one `python -m fastrl.bench --mode all`: it measures the env, the
+model's forward and fwd+bwd costs (whose sum, spread over the cores, is the
+compute-bound limit), then trains, and divides the two. The bench measures the
+limit about a minute before it trains, so one round's ratio moves with this
+machine's speed in between: on a shared 2-core VM one round read 0.87 and the
+next, 5 minutes later, 0.74. The median of several rounds is the number to quote,
+with its spread. Bench options after the known ones pass through (a layout, a
+precision).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+
+import psutil
+
+
+def one_round(env: str, bench_args: list, json_path: str) -> dict:
+    cmd = [sys.executable, "-m", "fastrl.bench", "--env", env, "--mode", "all", "--json", json_path, *bench_args]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"compute_bound_ratio: the bench failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
+    with open(json_path) as fh:
+        report = json.load(fh)
+    frameskip = report["frameskip"]
+    infer, train = report["results"]["infer"], report["results"]["train"]
+    return {
+        "layout": report.get("plan", {}).get("description") or "as configured",
+        "limit_fps": infer["compute_bound"]["steps_per_s"] * frameskip,
+        "train_fps": train["frames_per_s"],
+        "ratio": report["ratios"]["train_over_compute_bound"],
+        "core_us": {k: v * 1e6 for k, v in infer["compute_bound"]["core_s_per_step"].items()},
+        "bottleneck": report.get("bottleneck", ""),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="doom_battle")
+    parser.add_argument("--rounds", type=int, default=3, help="bench runs; the median ratio is reported")
+    args, bench_args = parser.parse_known_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
+    print("command: python -m fastrl.bench --env", args.env, "--mode all", *bench_args, flush=True)
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.rounds):
+            r = one_round(args.env, bench_args, os.path.join(tmp, f"round{i}.json"))
+            rounds.append(r)
+            us = r["core_us"]
+            print(f"round {i + 1}: train {r['train_fps']:,.0f} fps / limit {r['limit_fps']:,.0f} fps = {r['ratio']:.3f}"
+                  f"  (core us per step: env {us['env']:.0f}, forward {us['forward']:.0f}, learn {us['learn']:.0f};"
+                  f" {r['bottleneck']})", flush=True)
+    print(f"layout: {rounds[0]['layout']}")
+    ratios = [r["ratio"] for r in rounds]
+    print(f"median ratio {statistics.median(ratios):.3f} over {len(ratios)} rounds (min {min(ratios):.3f}, "
+          f"max {max(ratios):.3f}); median train {statistics.median(r['train_fps'] for r in rounds):,.0f} fps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
