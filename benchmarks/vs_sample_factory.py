@@ -262,6 +262,13 @@ def vizdoom_instance(pid: int):
     return None
 
 
+def _mp_semaphores() -> list:
+    try:
+        return [name for name in os.listdir(SHM_DIR) if name.startswith("sem.mp-")]
+    except OSError:
+        return []
+
+
 class Run:
     """One training command: launched in its own session, watched, stopped, cleaned."""
 
@@ -281,6 +288,7 @@ class Run:
 
     def run(self, seconds: float, sigint_at: float | None, grace: float) -> None:
         self.load_before = os.getloadavg()
+        self.semaphores_before = set(_mp_semaphores())
         busy0 = busy_cpu_seconds()
         self.launched = time.time()
         with open(self.log_path, "w") as log:
@@ -332,7 +340,15 @@ class Run:
         deadline = time.time() + 10
         while time.time() < deadline and any(_stat(p) for p in left):
             time.sleep(0.1)
-        self.left_segments = []
+        # Python multiprocessing semaphores the run created and did not unlink: Sample
+        # Factory leaves one per run when stopped this way. Only this run was started
+        # in between, and its processes are dead by now.
+        self.left_segments = sorted(set(_mp_semaphores()) - self.semaphores_before)
+        for name in self.left_segments:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
         for inst in set(self.engines.values()):
             for prefix in SHM_PREFIXES:
                 path = os.path.join(SHM_DIR, prefix + inst)
