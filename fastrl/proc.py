@@ -85,6 +85,25 @@ def die_with_runner() -> None:
     threading.Thread(target=watch, name="runner-watch", daemon=True).start()
 
 
+def use_batch_scheduling() -> None:
+    """Tell Linux this process, and every process it starts from now on (ViZDoom's
+    engines among them), is batch work: its wakeups stop preempting whatever runs.
+
+    A rollout worker and its engines wake hundreds of times a second (each env step
+    is a round trip to an engine), and under the default policy every wakeup may
+    preempt the learner mid-GEMM, the costliest and usually the bottleneck process,
+    throwing out its caches. Batch tasks get the same share of CPU but wait for the
+    next tick to run. Measured on doom_battle, 2 workers x 16 envs on 2 cores, four
+    pairs of 100-s runs: 3,864 env frames/s on average against 3,659 without, ahead
+    in every pair (+1.5% to +12.7%). A no-op where the policy does not exist."""
+    if not (hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH")):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        pass  # a sandbox that forbids it: the default policy only costs throughput
+
+
 def init_child(name: str, torch_threads: int) -> None:
     """Call first thing in every spawned child.
 

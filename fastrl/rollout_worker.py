@@ -13,6 +13,7 @@ from envs.registry import get_spec
 from fastrl.env_runner import SplitEnvs
 from fastrl.inference import LocalPolicy
 from fastrl.polling import get_many_polling
+from fastrl.proc import use_batch_scheduling
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/polling.py)
@@ -186,4 +187,5 @@ class RolloutWorker:
 
 
 def rollout_worker_main(cfg, index: int, ctx) -> None:
+    use_batch_scheduling()  # before the envs: their engines inherit it
     RolloutWorker(cfg, index, ctx).run()

@@ -1,9 +1,12 @@
-"""The main job on its real env: Doom trains from pixels, and every way of
-stopping it leaves no engine process and no /dev/shm segment behind."""
+"""The main job on its real env: Doom trains from pixels, its processes run under
+the scheduling they were given, and every way of stopping it leaves no engine
+process and no /dev/shm segment behind."""
+import os
 import signal
 import statistics
 
 import numpy as np
+import pytest
 
 from envs.registry import get_spec
 from helpers import TrainRun, read_summary
@@ -45,12 +48,17 @@ def test_doom_basic_training_beats_the_untrained_policy(tmp_path):
     assert run.new_shm_entries() == set()
 
 
-def _stop_doom_run(tmp_path, sig: int, to_group: bool):
+def _started_doom_run(tmp_path):
     run = TrainRun(["--env", "doom_battle", "--train_dir", str(tmp_path), "--status_every_seconds", "1",
                     "--num_envs_per_worker", "4", "--batch_size", "512"])
     run.wait_for_line(lambda line: line.startswith("[") and "frames 0 " not in line, timeout=120)
     engines = [t for t in run.titles.values() if "vizdoom" in t]
     assert engines, "the run should have started ViZDoom engines"
+    return run
+
+
+def _stop_doom_run(tmp_path, sig: int, to_group: bool):
+    run = _started_doom_run(tmp_path)
     if to_group:
         run.signal_group(sig)
     else:
@@ -66,6 +74,28 @@ def test_sigterm_leaves_no_doom_engine_or_segment(tmp_path):
     assert run.wait(timeout=60) == 128 + signal.SIGTERM, run.output()
     assert run.leftover_processes(grace=10) == []
     assert run.new_shm_entries() == set()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux-only")
+def test_rollout_workers_and_their_engines_run_as_batch_work(tmp_path):
+    run = _started_doom_run(tmp_path)
+    try:
+        policies = {}  # pid -> (title, scheduling policy)
+        for pid, title in run.titles.items():
+            try:
+                policies[pid] = (title, os.sched_getscheduler(pid))
+            except OSError:
+                pass  # gone since it was seen
+        workers = [p for t, p in policies.values() if t.startswith("fastrl: rollout-worker")]
+        engines = [p for t, p in policies.values() if os.path.basename(t.split(" ")[0]) == "vizdoom"]
+        learner = [p for t, p in policies.values() if t.startswith("fastrl: learner")]
+        assert workers and engines and learner, policies
+        assert set(workers) == set(engines) == {os.SCHED_BATCH}, policies
+        assert learner == [os.SCHED_OTHER]  # the learner keeps the default: it is the one protected
+    finally:
+        run.proc.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+    assert run.leftover_processes(grace=10) == []
 
 
 def test_sigkill_of_the_runner_leaves_no_doom_engine_or_segment(tmp_path):
