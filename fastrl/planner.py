@@ -164,8 +164,9 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     # and a surplus of actors costs little (they block on free buffers and give
     # up their core) while a starved learner wastes the step that costs most:
     # doom_battle's 1 worker x 32 envs was predicted 3% below 2 x 16 and
-    # measured 4-12% below it, with a core a third idle. Then fewest processes and threads, the configured
-    # defaults (hand-picked for learning, not only speed), least lag.
+    # measured 4-12% below it, with a third of a core idle. Then fewest
+    # processes and threads, the configured defaults (hand-picked for learning,
+    # not only speed), least lag.
     p, workers, envs, inference, policy_workers, threads = min(
         good, key=lambda c: (starves_learner(c), c[0]["processes"], c[5], departures(c),
                              c[0]["lag_max_learner_steps"], -c[0]["trained_steps_per_s"]))
