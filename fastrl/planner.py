@@ -247,16 +247,18 @@ def time_env_steps(env, seconds: float) -> float:
 
 def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
     """Measure this machine's costs in about `seconds` (plus torch's one-off warm-up
-    on first use, ~1.5 s): a third stepping `env`, the rest timing the model
-    (inference at several batch sizes on one thread; a learner gradient pass on 1
-    and 2 threads) on random data."""
+    on first use, ~1.5 s, and at least a few rounds of the model): a third stepping
+    `env`, the rest timing the model on random data, inference at several batch
+    sizes on one thread (actors run one) and a learner gradient pass on 1 and 2
+    threads, interleaved."""
     from fastrl.profiling import measure_model, usable_cores
 
     cores = usable_cores()
     env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
     small = dataclasses.replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
     threads = [1, 2] if cores >= 2 else [1]
-    model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3)
+    model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3,
+                          forward_threads=[1])
     return Costs(cores=cores, env_s=env_s, forward_s=dict(model.forward_s_per_sample[1]),
                  train_s=dict(model.train_s_per_sample))
 

@@ -17,10 +17,12 @@ count it was measured at.
 """
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import platform
 import queue
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
@@ -41,6 +43,7 @@ ENV_FINISH_SLACK_S = 60.0  # one round of stepping every env may overrun the win
 JOIN_TIMEOUT_S = 10.0
 POLL_S = 0.1
 WARMUP_CALLS = 2  # untimed calls before each model measurement: first calls allocate
+MIN_ROUNDS = 3  # timed rounds of every model measurement at least: a median needs a few
 
 
 class ProfilingError(RuntimeError):
@@ -283,28 +286,49 @@ def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
     }
 
 
-def _time_per_call(fn, budget: float, sync, tick) -> float:
-    """Mean wall seconds of fn() over at least one call and about `budget` seconds."""
-    for _ in range(WARMUP_CALLS):
-        fn()
-    sync()
-    calls, start = 0, time.perf_counter()
+def time_interleaved(calls: dict, seconds: float, min_rounds: int = MIN_ROUNDS, clock=time.perf_counter,
+                     tick=None) -> dict:
+    """Median wall seconds of one call of each of `calls` ({key: (threads, fn)}),
+    timed in rounds that call every fn once, until `seconds` have passed and at
+    least `min_rounds` rounds were timed.
+
+    Rounds rather than one block per fn: on a machine that something else may
+    disturb for a second, a block-by-block profile can time one batch size in a
+    slow second and the next in a quiet one, and the planner, which compares
+    layouts through the ratios of these costs, then prefers a layout for a
+    reason that was never there (a forward at 32 samples once timed 25% above
+    six other profiles and steered doom_battle to 5 processes on 2 cores). In
+    rounds a slow second slows every key alike, and the median drops the rounds
+    it slowed. `threads` is set with torch.set_num_threads before each call
+    (the caller restores its own count); each fn is called WARMUP_CALLS times
+    untimed first."""
+    for threads, fn in calls.values():
+        torch.set_num_threads(threads)
+        for _ in range(WARMUP_CALLS):
+            fn()
+    times = {key: [] for key in calls}
+    start = clock()
     while True:
-        fn()
-        sync()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        tick(elapsed)
-        if elapsed >= budget:
-            return elapsed / calls
+        for key, (threads, fn) in calls.items():
+            torch.set_num_threads(threads)
+            t0 = clock()
+            fn()
+            times[key].append(clock() - t0)
+        elapsed = clock() - start
+        if tick:
+            tick(elapsed)
+        if elapsed >= seconds and len(times[next(iter(times))]) >= min_rounds:
+            return {key: statistics.median(ts) for key, ts in times.items()}
 
 
 def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
-                  seconds: float, device: str = "cpu", progress: Progress = None) -> ModelProfile:
+                  seconds: float, device: str = "cpu", progress: Progress = None,
+                  forward_threads: Optional[Sequence[int]] = None) -> ModelProfile:
     """Time the model of `cfg` on random data: a forward at every size in `batch_sizes`
-    and a learner gradient step on one minibatch, with torch.set_num_threads(t) for
-    each t in `threads`. `seconds` is the whole budget, shared evenly by the
-    measurements. Runs in this process and restores its thread count."""
+    with torch.set_num_threads(t) for each t in `forward_threads` (default: `threads`),
+    and a learner gradient step on one minibatch for each t in `threads`, interleaved
+    (time_interleaved) over about `seconds`. Runs in this process and restores its
+    thread count."""
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -313,36 +337,40 @@ def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], thre
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
     minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
                  for k, v in _fake_minibatch(cfg, model, obs_space, gen).items()}
+    # The forwards run on their own copy, as an actor does: the interleaved training
+    # steps change the learner's weights every round, and a forward right after one
+    # would pay for re-deriving its cached bf16 weights, which an actor does once per
+    # parameter update, not once per forward.
+    actor = copy.deepcopy(model).eval()
     inputs = {b: ({k: v.to(dev) for k, v in _fake_obs(model, obs_space, (b,), gen).items()},
                   torch.zeros(b, model.rnn_state_size, device=dev)) for b in batch_sizes}
     samples = minibatch["rewards"].numel()
-    budget = seconds / (len(threads) * (len(batch_sizes) + 1))
-    done = 0.0
+    forward_threads = list(threads if forward_threads is None else forward_threads)
+    model.train()
 
-    def tick(elapsed: float) -> None:
-        if progress:
-            progress(min(seconds, done + elapsed))
+    def forward(obs, rnn):
+        def call():
+            with torch.no_grad():
+                actor.act(obs, rnn)
+            sync()
+        return call
 
-    forward, train = {}, {}
+    def train():
+        gradient_step(cfg, model, optimizer, minibatch, minibatch["valid"])
+        sync()
+
+    calls = {("forward", t, b): (t, forward(obs, rnn)) for t in forward_threads for b, (obs, rnn) in inputs.items()}
+    calls.update({("train", t, None): (t, train) for t in threads})
     previous = torch.get_num_threads()
     try:
-        for t in threads:
-            torch.set_num_threads(t)
-            model.eval()
-            forward[t] = {}
-            for b, (obs, rnn) in inputs.items():
-                with torch.no_grad():
-                    forward[t][b] = _time_per_call(lambda: model.act(obs, rnn), budget, sync, tick) / b
-                done += budget
-            model.train()
-            step = _time_per_call(lambda: gradient_step(cfg, model, optimizer, minibatch, minibatch["valid"]), budget, sync, tick)
-            train[t] = step / samples
-            done += budget
+        per_call = time_interleaved(calls, seconds, tick=(lambda e: progress(min(seconds, e))) if progress else None)
     finally:
         torch.set_num_threads(previous)
+    forward_s = {t: {b: per_call[("forward", t, b)] / b for b in inputs} for t in forward_threads}
+    train_s = {t: per_call[("train", t, None)] / samples for t in threads}
     return ModelProfile(device=str(dev), threads=list(threads), forward_batch_sizes=list(batch_sizes),
-                        forward_s_per_sample=forward, train_minibatch=samples,
-                        ppo_epochs=cfg.ppo_epochs, train_s_per_sample=train)
+                        forward_s_per_sample=forward_s, train_minibatch=samples,
+                        ppo_epochs=cfg.ppo_epochs, train_s_per_sample=train_s)
 
 
 # --------------------------------------------------------------------------------------

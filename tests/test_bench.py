@@ -188,3 +188,47 @@ def test_forward_batch_sizes_follow_the_inference_placement():
     assert forward_batch_sizes(Config(env="x", num_workers=4, num_envs_per_worker=16)) == [16]
     served = Config(env="x", num_workers=4, num_envs_per_worker=16, inference="policy_worker", num_policy_workers=2)
     assert forward_batch_sizes(served) == [8, 16]  # one split of 8 envs, or one split from each of the 2 workers served
+
+
+def test_model_timings_interleave_rounds_and_take_the_median(monkeypatch):
+    # A fake clock that each call moves on by its own cost: one round of "b" is
+    # disturbed (10x), as a busy second on the machine would do to a block of calls.
+    import torch
+
+    from fastrl import profiling
+
+    now, calls, thread_counts = [0.0], [], []
+    slow_call_of_b = 2 + 3  # b's third call after its WARMUP_CALLS untimed ones
+
+    def call(name, cost):
+        def fn():
+            calls.append(name)
+            thread_counts.append(torch.get_num_threads())
+            disturbed = name == "b" and calls.count("b") == slow_call_of_b
+            now[0] += cost * (10 if disturbed else 1)
+        return fn
+
+    previous = torch.get_num_threads()
+    try:
+        medians = profiling.time_interleaved({"a": (1, call("a", 1e-3)), "b": (2, call("b", 2e-3)),
+                                              "c": (1, call("c", 3e-3))}, seconds=0.0, min_rounds=5,
+                                             clock=lambda: now[0])
+    finally:
+        torch.set_num_threads(previous)
+    assert medians == pytest.approx({"a": 1e-3, "b": 2e-3, "c": 3e-3})
+    timed = calls[3 * profiling.WARMUP_CALLS:]
+    assert timed == ["a", "b", "c"] * 5  # rounds, not blocks, and at least min_rounds of them
+    assert thread_counts[3 * profiling.WARMUP_CALLS:] == [1, 2, 1] * 5  # each call on its own thread count
+
+
+def test_model_timings_run_until_the_budget_is_spent():
+    from fastrl import profiling
+
+    now = [0.0]
+
+    def fn():
+        now[0] += 0.1
+
+    medians = profiling.time_interleaved({"x": (1, fn)}, seconds=1.0, min_rounds=1, clock=lambda: now[0])
+    assert medians["x"] == pytest.approx(0.1)
+    assert now[0] == pytest.approx(0.1 * (profiling.WARMUP_CALLS + 10))
