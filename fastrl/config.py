@@ -50,6 +50,9 @@ class Config:
     plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two and picks workers, envs, "
                      "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
                      "or a plan.json to reuse.")
+    worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes. With more busy processes than cores, "
+                            "Linux shares the CPU by weight, and a higher value shifts it from the actors to the learner; "
+                            "--plan auto sets it so the learner gets the share its cost needs.")
     adapt: bool = _opt(False, "While training, move a torch thread to or from the learner when rollout workers or the learner "
                        "wait; off by default: measured on a loaded 2-core machine, a second learner thread cut training ~10x.")
     inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
@@ -165,6 +168,8 @@ def validate(cfg: Config) -> None:
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
+    if not 0 <= cfg.worker_nice <= 19:
+        raise ConfigError(f"--worker_nice is {cfg.worker_nice} but Linux niceness lies in 0-19 (0 = the learner's own).")
     if not 0.0 <= cfg.gamma <= 1.0:
         raise ConfigError(f"--gamma is {cfg.gamma} but must lie in [0, 1].")
     try:

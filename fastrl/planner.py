@@ -15,7 +15,8 @@ Rates it predicts, in agent steps/s, for W rollout workers of E envs:
     TR_C (the cores)    C / (env + forward + epochs * t * train[t] + comm)
     trained = min(TR_A, TR_L, TR_C)
 TR_C is the limit when every process wants a core (processes > cores): then the
-layout only decides how little is wasted. Lag: a trajectory of T steps takes
+layout only decides how little is wasted, and the workers' niceness (worker_nice)
+lets the kernel give the learner the share of the cores TR_C assumes. Lag: a trajectory of T steps takes
 T * W * E / trained seconds to fill while the learner takes trained / batch
 steps per second, so a sample is W * E * T / batch learner steps old at most.
 """
@@ -28,11 +29,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 # What the planner may choose; every other option stays as configured.
-PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers")
+PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers",
+           "worker_nice")
 ENVS_PER_WORKER = (4, 8, 16, 32, 64)
 # A layout within this fraction of the best prediction wins if it uses fewer
 # processes or less lag: the model is not accurate to better than that.
 TIE = 0.03
+# Linux weighs a task's claim on a contended core by its niceness, each step
+# about 1.25x less (the kernel's sched_prio_to_weight table).
+NICE_STEP = 1.25
+MAX_WORKER_NICE = 10
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Plan:
     num_policy_workers: int
     learner_threads: int
     num_buffers: int
+    worker_nice: int = 0  # (plans saved before it existed read as 0)
     predicted: dict = field(default_factory=dict)  # production/consumption/trained steps/s, lag, bottleneck
 
     def options(self) -> dict:
@@ -118,6 +125,35 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
         "processes": processes,
         "bottleneck": bottleneck,
     }
+
+
+def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
+                epochs: int) -> int:
+    """The least niceness of the rollout workers at which Linux's fair share gives
+    the learner the part of the cores the cost model has it need.
+
+    The rates `predict` gives assume the cores are packed perfectly: the learner
+    computes a share C * learn / (actors + learn) of them. The kernel does not
+    know that share. When more processes want to run than there are cores, it
+    gives each a part in proportion to its weight, so at equal weights the
+    learner gets C / (runnable processes): on doom_battle, 2 workers and the
+    learner on 2 cores, 0.67 of a core where it needs 0.86. It then holds up the
+    workers, they block on free buffers, and part of a core idles meanwhile.
+    Lowering the workers' weight moves the share, and a worker that still wants
+    less than it is allowed loses nothing. Returns 0 when every process has a
+    core of its own."""
+    pw = policy_workers if inference == "policy_worker" else 0
+    if workers + pw + learner_threads <= costs.cores:
+        return 0
+    forward = costs.forward(envs) if inference == "local" else costs.forward(max(1, workers * envs // 2)) + costs.comm_s
+    learn = learner_threads * epochs * costs.train(learner_threads)
+    need = min(learner_threads, costs.cores * learn / (costs.env_s + forward + learn))
+    for nice in range(MAX_WORKER_NICE + 1):
+        weight = NICE_STEP ** -nice  # the learner's threads and policy workers weigh 1 each
+        share = costs.cores * learner_threads / (learner_threads + pw + workers * weight)
+        if share >= need:
+            return nice
+    return MAX_WORKER_NICE
 
 
 def choose(costs: Costs, cfg, explicit: set) -> Plan:
@@ -173,9 +209,11 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     splits = splits_of[inference]
     per_buffer = cfg.rollout * envs // splits
     buffers = cfg.num_buffers if "num_buffers" in explicit else workers * splits + 2 * (cfg.batch_size // per_buffer)
+    nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
+        costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs)
     return Plan(num_workers=workers, num_envs_per_worker=envs, inference=inference,
                 num_policy_workers=policy_workers if inference == "policy_worker" else cfg.num_policy_workers,
-                learner_threads=threads, num_buffers=buffers, predicted=p)
+                learner_threads=threads, num_buffers=buffers, worker_nice=nice, predicted=p)
 
 
 def apply(cfg, plan: Plan):
@@ -186,7 +224,8 @@ def describe(plan: Plan, frameskip: int) -> str:
     p = plan.predicted
     layout = (f"{plan.num_workers} rollout worker(s) x {plan.num_envs_per_worker} envs, inference {plan.inference}"
               + (f" ({plan.num_policy_workers} policy worker(s))" if plan.inference == "policy_worker" else ""))
-    return (f"plan: {layout}, learner on {plan.learner_threads} thread(s), {plan.num_buffers} buffers; predicted {p['trained_steps_per_s'] * frameskip:,.0f} "
+    nice = f", workers at nice {plan.worker_nice}" if plan.worker_nice else ""
+    return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; predicted {p['trained_steps_per_s'] * frameskip:,.0f} "
             f"env frames/s trained (production {p['production_steps_per_s'] * frameskip:,.0f}, consumption "
             f"{p['consumption_steps_per_s'] * frameskip:,.0f}, cores {p['cores_steps_per_s'] * frameskip:,.0f}; "
             f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps")

@@ -187,5 +187,5 @@ class RolloutWorker:
 
 
 def rollout_worker_main(cfg, index: int, ctx) -> None:
-    use_batch_scheduling()  # before the envs: their engines inherit it
+    use_batch_scheduling(cfg.worker_nice)  # before the envs: their engines inherit it
     RolloutWorker(cfg, index, ctx).run()

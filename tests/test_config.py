@@ -39,6 +39,8 @@ def test_unknown_option_suggests_the_closest(capsys):
     ({"num_buffers": 1}, "can never fill a batch"),
     ({"hidden_sizes": "64,x"}, "--hidden_sizes"),
     ({"gamma": 1.5}, "--gamma"),
+    ({"worker_nice": 20}, "--worker_nice is 20"),
+    ({"worker_nice": -1}, "--worker_nice is -1"),
 ])
 def test_impossible_configs_are_refused_with_a_sentence(tmp_path, change, words):
     cfg = dataclasses.replace(Config(env="CartPole-v1", train_dir=str(tmp_path)), **change)

@@ -48,9 +48,9 @@ def test_doom_basic_training_beats_the_untrained_policy(tmp_path):
     assert run.new_shm_entries() == set()
 
 
-def _started_doom_run(tmp_path):
+def _started_doom_run(tmp_path, *extra):
     run = TrainRun(["--env", "doom_battle", "--train_dir", str(tmp_path), "--status_every_seconds", "1",
-                    "--num_envs_per_worker", "4", "--batch_size", "512"])
+                    "--num_envs_per_worker", "4", "--batch_size", "512", *extra])
     run.wait_for_line(lambda line: line.startswith("[") and "frames 0 " not in line, timeout=120)
     engines = [t for t in run.titles.values() if "vizdoom" in t]
     assert engines, "the run should have started ViZDoom engines"
@@ -77,21 +77,21 @@ def test_sigterm_leaves_no_doom_engine_or_segment(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux-only")
-def test_rollout_workers_and_their_engines_run_as_batch_work(tmp_path):
-    run = _started_doom_run(tmp_path)
+def test_rollout_workers_and_their_engines_run_as_nicer_batch_work(tmp_path):
+    run = _started_doom_run(tmp_path, "--worker_nice", "3")
     try:
-        policies = {}  # pid -> (title, scheduling policy)
+        policies = {}  # pid -> (title, (scheduling policy, niceness))
         for pid, title in run.titles.items():
             try:
-                policies[pid] = (title, os.sched_getscheduler(pid))
+                policies[pid] = (title, (os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)))
             except OSError:
                 pass  # gone since it was seen
         workers = [p for t, p in policies.values() if t.startswith("fastrl: rollout-worker")]
         engines = [p for t, p in policies.values() if os.path.basename(t.split(" ")[0]) == "vizdoom"]
         learner = [p for t, p in policies.values() if t.startswith("fastrl: learner")]
         assert workers and engines and learner, policies
-        assert set(workers) == set(engines) == {os.SCHED_BATCH}, policies
-        assert learner == [os.SCHED_OTHER]  # the learner keeps the default: it is the one protected
+        assert set(workers) == set(engines) == {(os.SCHED_BATCH, 3)}, policies
+        assert learner == [(os.SCHED_OTHER, 0)]  # the learner keeps the default: it is the one protected
     finally:
         run.proc.send_signal(signal.SIGTERM)
         run.wait(timeout=60)

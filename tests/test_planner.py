@@ -1,11 +1,12 @@
 """The planner's choices on hand-set costs move the right way, and its
 predictions agree with the plan it makes."""
 import dataclasses
+import json
 
 import pytest
 
 from fastrl.config import Config
-from fastrl.planner import TIE, Costs, Plan, choose, predict
+from fastrl.planner import NICE_STEP, TIE, Costs, Plan, choose, predict, worker_nice
 
 
 def cfg(**kw):
@@ -140,3 +141,43 @@ def test_cached_profile_is_reused_until_the_code_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(planner, "_source_digest", lambda: "edited sources")
     _, cached = planner.cached_costs(cfg(), env, 1.0)
     assert not cached and len(profiled) == 2
+
+
+def _learner_share(costs, plan) -> float:
+    """The learner's part of the cores under Linux's weighted fair share, every
+    process wanting to run (the model worker_nice plans with)."""
+    others = plan.num_workers * NICE_STEP ** -plan.worker_nice
+    return costs.cores * plan.learner_threads / (plan.learner_threads + others)
+
+
+DOOM_LIKE = Costs(cores=2, env_s=0.55e-3, forward_s={16: 0.30e-3, 32: 0.28e-3}, train_s={1: 0.64e-3, 2: 0.52e-3})
+
+
+def test_workers_give_way_until_the_learner_gets_its_share_of_the_cores():
+    # doom_battle on 2 cores: two workers and the learner want 3 cores. At equal
+    # weights the learner would get 2/3 of a core where its cost needs ~0.86.
+    c = cfg(rollout=32, batch_size=1024, ppo_epochs=1)
+    plan = choose(DOOM_LIKE, c, explicit=set())
+    assert plan.num_workers == 2 and plan.inference == "local" and plan.learner_threads == 1
+    learn = DOOM_LIKE.train(1)
+    need = 2 * learn / (DOOM_LIKE.env_s + DOOM_LIKE.forward(plan.num_envs_per_worker) + learn)
+    assert plan.worker_nice > 0
+    assert _learner_share(DOOM_LIKE, plan) >= need
+    one_less = dataclasses.replace(plan, worker_nice=plan.worker_nice - 1)
+    assert _learner_share(DOOM_LIKE, one_less) < need  # the least niceness that does it
+    # A learner that costs more needs more of the cores: the workers give way further.
+    costly = dataclasses.replace(DOOM_LIKE, train_s={1: 1.2e-3})
+    assert worker_nice(costly, 2, 16, "local", 1, 1, 1) > worker_nice(DOOM_LIKE, 2, 16, "local", 1, 1, 1)
+
+
+def test_workers_keep_their_weight_when_every_process_has_a_core():
+    assert worker_nice(DOOM_LIKE, 1, 32, "local", 1, 1, 1) == 0  # 2 processes, 2 cores
+    plan = choose(env_bound(32), cfg(), explicit=set())
+    assert plan.num_workers + plan.learner_threads <= 32 and plan.worker_nice == 0
+
+
+def test_an_explicit_worker_nice_is_kept_and_an_old_plan_reads_as_zero():
+    c = cfg(rollout=32, batch_size=1024, ppo_epochs=1, worker_nice=0)
+    assert choose(DOOM_LIKE, c, explicit={"worker_nice"}).worker_nice == 0
+    old = {k: v for k, v in json.loads(choose(DOOM_LIKE, c, explicit=set()).to_json()).items() if k != "worker_nice"}
+    assert Plan.from_json(json.dumps(old)).worker_nice == 0
