@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -260,28 +262,36 @@ FORWARD_BATCHES = (4, 8, 16, 32, 64, 128)
 # shared-memory writes and the episode bookkeeping (~4 us measured on CartPole).
 WORKER_OVERHEAD_S = 4e-6
 PROFILE_TRAJECTORIES = 8  # the learner is timed on this many trajectories: enough for a stable per-sample cost
+ENV_CHUNKS = 4  # timed slices of the env profile, of which the median counts
+MIN_STEPS_PER_CHUNK = 10
 
 
-def time_env_steps(env, seconds: float) -> float:
-    """Core-seconds per agent step of `env` with random actions, stepped here.
+def time_env_steps(env, seconds: float, chunks: int = ENV_CHUNKS, clock=time.perf_counter) -> float:
+    """Core-seconds per agent step of `env` with random actions, stepped here: the
+    median over `chunks` equal slices of `seconds`, after one more slice untimed.
+
+    The untimed slice lets a fresh game settle; the median keeps a slice that
+    shared its core with something else (the process server importing torch
+    beside the trainer's own start) from moving the plan.
     An env that raises is timed on the steps it took: its failures are the rollout
     workers' to handle (they re-create it, or stop the run naming it), not a reason
     to die here with a bare traceback before any worker starts."""
-    import time
-
-    steps, start = 0, time.perf_counter()
+    slice_s = seconds / (chunks + 1)
+    per_step, steps, start = [], 0, clock()  # per_step[0] is the settling slice
     try:
         env.reset()
-        while True:
+        while len(per_step) <= chunks:
             _, _, terminated, truncated, _ = env.step(env.action_space.sample())
             steps += 1
             if terminated or truncated:
                 env.reset()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds and steps >= 10:
-                return elapsed / steps
+            elapsed = clock() - start
+            if elapsed >= slice_s and steps >= MIN_STEPS_PER_CHUNK:
+                per_step.append(elapsed / steps)
+                steps, start = 0, clock()
     except Exception:
-        return (time.perf_counter() - start) / max(steps, 1)
+        per_step.append((clock() - start) / max(steps, 1))
+    return statistics.median(per_step[1:] or per_step)
 
 
 def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:

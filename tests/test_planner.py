@@ -181,3 +181,35 @@ def test_an_explicit_worker_nice_is_kept_and_an_old_plan_reads_as_zero():
     assert choose(DOOM_LIKE, c, explicit={"worker_nice"}).worker_nice == 0
     old = {k: v for k, v in json.loads(choose(DOOM_LIKE, c, explicit=set()).to_json()).items() if k != "worker_nice"}
     assert Plan.from_json(json.dumps(old)).worker_nice == 0
+
+
+class _TimedEnv:
+    """A stand-in env whose steps move a fake clock on by `cost(step)` seconds."""
+
+    def __init__(self, cost, fail_at=None):
+        import gymnasium as gym
+
+        self.action_space = gym.spaces.Discrete(2)
+        self.now, self.steps, self.cost, self.fail_at = 0.0, 0, cost, fail_at
+
+    def reset(self):
+        return None, {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("the engine died")
+        self.now += self.cost(self.steps)
+        return None, 0.0, False, self.steps % 50 == 0, {}
+
+
+def test_env_profile_skips_the_settling_slice_and_takes_the_median():
+    from fastrl.planner import time_env_steps
+
+    # Slices of 0.1 s: 1 ms a step, but 5 ms while the game settles (the first
+    # slice) and 3 ms through one disturbed slice later on: neither moves the answer.
+    env = _TimedEnv(lambda i: 5e-3 if i <= 20 else 3e-3 if 220 < i <= 253 else 1e-3)
+    assert time_env_steps(env, seconds=0.5, chunks=4, clock=lambda: env.now) == pytest.approx(1e-3, rel=0.05)
+    # An env that dies is timed on the steps it took, not raised here.
+    broken = _TimedEnv(lambda i: 2e-3, fail_at=7)
+    assert time_env_steps(broken, seconds=0.5, chunks=4, clock=lambda: broken.now) == pytest.approx(2e-3)
