@@ -46,10 +46,9 @@ def main() -> int:
     parser.add_argument("--env", default="doom_battle")
     parser.add_argument("--rounds", type=int, default=6, help="fresh profiles to take")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a round's own process
-    args, train_args = parser.parse_known_args()
-    train_args = ["--env", args.env, *train_args]
+    args, passthrough = parser.parse_known_args()
     if args.one:
-        print(json.dumps(plan_once(train_args)))
+        print(json.dumps(plan_once(["--env", args.env, *passthrough])))
         return 0
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -58,7 +57,7 @@ def main() -> int:
     chosen = collections.Counter()
     for i in range(args.rounds):
         with tempfile.TemporaryDirectory() as cache:
-            done = subprocess.run([sys.executable, __file__, "--one", "--env", args.env, *train_args[2:]],
+            done = subprocess.run([sys.executable, __file__, "--one", "--env", args.env, *passthrough],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   env={**os.environ, "XDG_CACHE_HOME": cache})
         if done.returncode != 0:

@@ -16,9 +16,10 @@ Rates it predicts, in agent steps/s, for W rollout workers of E envs:
     trained = min(TR_A, TR_L, TR_C)
 TR_C is the limit when every process wants a core (processes > cores): then the
 layout only decides how little is wasted, and the workers' niceness (worker_nice)
-lets the kernel give the learner the share of the cores TR_C assumes. Lag: a trajectory of T steps takes
-T * W * E / trained seconds to fill while the learner takes trained / batch
-steps per second, so a sample is W * E * T / batch learner steps old at most.
+lets the kernel give the learner the share of the cores TR_C assumes. Lag: a
+trajectory of T steps takes T * W * E / trained seconds to fill while the
+learner takes trained / batch steps per second, so a sample is W * E * T / batch
+learner steps old at most.
 """
 from __future__ import annotations
 
@@ -96,15 +97,22 @@ class Plan:
         return cls(**json.loads(text))
 
 
+def _inference_costs(costs: Costs, workers: int, envs: int, inference: str) -> tuple:
+    """(forward, comm) per sample: a local worker acts on its own envs; a policy
+    worker batches about one split of every worker."""
+    if inference == "local":
+        return costs.forward(envs), 0.0
+    return costs.forward(max(1, workers * envs // 2)), costs.comm_s
+
+
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
             epochs: int, rollout: int, batch: int) -> dict:
     """Predicted rates (agent steps/s) and lag of one layout; see the module doc."""
+    forward, comm = _inference_costs(costs, workers, envs, inference)
     if inference == "local":
-        forward, comm = costs.forward(envs), 0.0
         production = workers / (costs.env_s + forward)
         processes = workers + 1
     else:
-        forward, comm = costs.forward(max(1, workers * envs // 2)), costs.comm_s
         production = min(workers / costs.env_s, policy_workers / (forward + comm))
         processes = workers + policy_workers + 1
     learn_wall = epochs * costs.train(learner_threads)
@@ -147,9 +155,9 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     pw = policy_workers if inference == "policy_worker" else 0
     if workers + pw + learner_threads <= costs.cores:
         return 0
-    forward = costs.forward(envs) if inference == "local" else costs.forward(max(1, workers * envs // 2)) + costs.comm_s
+    forward, comm = _inference_costs(costs, workers, envs, inference)
     learn = learner_threads * epochs * costs.train(learner_threads)
-    need = min(learner_threads, costs.cores * learn / (costs.env_s + forward + learn))
+    need = min(learner_threads, costs.cores * learn / (costs.env_s + forward + comm + learn))
     for nice in range(MAX_WORKER_NICE + 1):
         weight = NICE_STEP ** -nice  # the learner's threads and policy workers weigh 1 each
         share = costs.cores * learner_threads / (learner_threads + pw + workers * weight)
