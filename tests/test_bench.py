@@ -192,7 +192,7 @@ def test_forward_batch_sizes_follow_the_inference_placement():
     assert forward_batch_sizes(served) == [8, 16]  # one split of 8 envs, or one split from each of the 2 workers served
 
 
-def test_model_timings_interleave_rounds_and_take_the_median(monkeypatch):
+def test_model_timings_interleave_rounds_and_take_the_median():
     # A fake clock that each call moves on by its own cost: one round of "b" is
     # disturbed (10x), as a busy second on the machine would do to a block of calls.
     import torch
@@ -200,7 +200,7 @@ def test_model_timings_interleave_rounds_and_take_the_median(monkeypatch):
     from fastrl import profiling
 
     now, calls, thread_counts = [0.0], [], []
-    slow_call_of_b = 2 + 3  # b's third call after its WARMUP_CALLS untimed ones
+    slow_call_of_b = profiling.WARMUP_CALLS + 3  # b's third timed call
 
     def call(name, cost):
         def fn():
