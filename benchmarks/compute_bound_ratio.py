@@ -4,12 +4,12 @@
 
 Each round is one `python -m fastrl.bench --mode all`: it measures the env, the
 model's forward and fwd+bwd costs (whose sum, spread over the cores, is the
-compute-bound limit), then trains, and divides the two. The bench measures the
-limit about a minute before it trains, so one round's ratio moves with this
-machine's speed in between: on a shared 2-core VM one round read 0.87 and the
-next, 5 minutes later, 0.74. The median of several rounds is the number to quote,
-with its spread. Bench options after the known ones pass through (a layout, a
-precision).
+compute-bound limit) for half a window before it samples and trains and half
+after, and divides the train rate by the limit of the mean costs. This VM's
+speed still moves between rounds (one round read 0.87 and the next, 5 minutes
+later, 0.74), so the median of several rounds is the number to quote, with its
+spread; each round also prints the limit before and after its runs. Bench
+options after the known ones pass through (a layout, a precision).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def one_round(env: str, bench_args: list, json_path: str) -> dict:
         "train_fps": train["frames_per_s"],
         "ratio": report["ratios"]["train_over_compute_bound"],
         "core_us": {k: v * 1e6 for k, v in infer["compute_bound"]["core_s_per_step"].items()},
+        "limit_fps_before_after": [sps * frameskip for sps in infer["compute_bound"]["before_and_after_steps_per_s"]],
         "bottleneck": report.get("bottleneck", ""),
     }
 
@@ -61,9 +62,10 @@ def main() -> int:
             r = one_round(args.env, bench_args, os.path.join(tmp, f"round{i}.json"))
             rounds.append(r)
             us = r["core_us"]
+            before, after = r["limit_fps_before_after"]
             print(f"round {i + 1}: train {r['train_fps']:,.0f} fps / limit {r['limit_fps']:,.0f} fps = {r['ratio']:.3f}"
-                  f"  (core us per step: env {us['env']:.0f}, forward {us['forward']:.0f}, learn {us['learn']:.0f};"
-                  f" {r['bottleneck']})", flush=True)
+                  f"  (limit before the runs {before:,.0f}, after {after:,.0f}; core us per step: env {us['env']:.0f},"
+                  f" forward {us['forward']:.0f}, learn {us['learn']:.0f}; {r['bottleneck']})", flush=True)
     print(f"layout: {rounds[0]['layout']}")
     ratios = [r["ratio"] for r in rounds]
     print(f"median ratio {statistics.median(ratios):.3f} over {len(ratios)} rounds (min {min(ratios):.3f}, "

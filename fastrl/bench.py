@@ -12,6 +12,10 @@ with --plan auto, the default), each mode over a window of --seconds after a
   sample  rollout workers (and policy workers) with a sink instead of the learner
   train   the whole trainer
 
+With sample or train, env and infer take half their window before those runs and
+half after, and report the mean costs, so that a machine whose speed drifts is
+compared with itself.
+
 The report gives each mode's env frames/s (agent steps x frameskip) and agent
 steps/s, the ratios to the two limits, and for the trainer where the time goes:
 samples produced/received/trained per second, each component's busy, waiting and
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -35,8 +40,8 @@ from tqdm import tqdm
 
 from fastrl.bottleneck import diagnose
 from fastrl.config import Config, ConfigError, build_parser, parse_args
-from fastrl.profiling import (ProfilingError, compute_bound_limit, machine_info, measure_env, measure_model,
-                              usable_cores)
+from fastrl.profiling import (ProfilingError, compute_bound_limit, machine_info, mean_env_profile,
+                              mean_model_profile, measure_env, measure_model, usable_cores)
 from fastrl.stats_board import FIELDS
 
 MODES = ("env", "infer", "sample", "train")
@@ -275,7 +280,7 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     if not seconds > 0 or not warmup >= 0:
         raise ConfigError(f"--seconds {seconds:g} must be positive and --warmup {warmup:g} not negative.")
     from fastrl import planner
-    from fastrl.runner import prepare_experiment, resolve_device
+    from fastrl.runner import prepare_experiment
 
     train_dir = tempfile.mkdtemp(prefix="fastrl-bench-")
     try:
@@ -290,29 +295,30 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
         if plan:
             report["plan"] = {"description": planner.describe(plan, spec.frameskip), **dataclasses.asdict(plan)}
         results = report["results"]
-        progress = _Progress({m: seconds + (0 if m == "infer" else warmup) for m in modes})
+        limits = [m for m in ("env", "infer") if m in modes]
+        runs = [m for m in ("sample", "train") if m in modes]
+        # With a run to compare them against, the limits are measured half before and
+        # half after it and their costs averaged: on a VM whose speed drifts 10-20% from
+        # one minute to the next, a limit measured only before a run of a minute or
+        # more describes a machine the run may no longer have had.
+        halves = ("", " again") if runs and limits else ("",)
+        limit_seconds = seconds / len(halves)
+        planned = {f"{m}{h}": limit_seconds + (warmup if m == "env" else 0) for h in halves for m in limits}
+        progress = _Progress({**planned, **{m: seconds + warmup for m in runs}})
+        measure = functools.partial(_measure_limits, cfg, limits, obs_space, action_space, limit_seconds, warmup,
+                                    progress)
         try:
-            if "env" in modes:
-                progress.start("env")
-                env = measure_env(cfg, cfg.num_workers, seconds, warmup, progress=progress.at)
-                results["env"] = env.to_dict()
-            if "infer" in modes:
-                progress.start("infer")
-                batches = forward_batch_sizes(cfg)
-                threads = sorted({1, cfg.torch_threads, cfg.learner_threads or cfg.torch_threads})
-                model = measure_model(cfg, obs_space, action_space, batches, threads,
-                                      seconds, device=resolve_device(cfg), progress=progress.at)
-                results["infer"] = {**model.to_dict(), "forward_batch": batches[-1],
-                                    "learner_core_s_per_sample": model.learner_core_s()}
-                if "env" in modes:
-                    results["infer"]["compute_bound"] = compute_bound_limit(env, model, batches[-1], usable_cores())
+            measured = [measure(halves[0])]
             for mode, learn in (("sample", False), ("train", True)):
-                if mode in modes:
+                if mode in runs:
                     progress.start(mode)
                     results[mode] = measure_runner(bench_config(cfg, train_dir, mode, warmup, seconds),
                                                    learn, warmup, seconds, progress)
+            if len(halves) == 2:
+                measured.append(measure(halves[1]))
         finally:
             progress.close()
+        _report_limits(results, measured, cfg)
     finally:
         shutil.rmtree(train_dir, ignore_errors=True)
     report["ratios"] = _ratios(results)
@@ -320,6 +326,41 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     if last:
         report["bottleneck"] = last["bottleneck"]
     return report
+
+
+def _measure_limits(cfg: Config, limits: list, obs_space, action_space, seconds: float, warmup: float,
+                    progress: _Progress, label: str) -> tuple:
+    """(EnvProfile or None, ModelProfile or None) for the modes in `limits`."""
+    from fastrl.runner import resolve_device
+
+    env = model = None
+    if "env" in limits:
+        progress.start("env" + label)
+        env = measure_env(cfg, cfg.num_workers, seconds, warmup, progress=progress.at)
+    if "infer" in limits:
+        progress.start("infer" + label)
+        threads = sorted({1, cfg.torch_threads, cfg.learner_threads or cfg.torch_threads})
+        model = measure_model(cfg, obs_space, action_space, forward_batch_sizes(cfg), threads,
+                              seconds, device=resolve_device(cfg), progress=progress.at)
+    return env, model
+
+
+def _report_limits(results: dict, measured: list, cfg: Config) -> None:
+    """Fill the env and infer results from one or two (before, after) measurements."""
+    envs = [env for env, _ in measured if env]
+    models = [model for _, model in measured if model]
+    batch = forward_batch_sizes(cfg)[-1]
+    if envs:
+        results["env"] = mean_env_profile(envs).to_dict()
+    if models:
+        model = mean_model_profile(models)
+        results["infer"] = {**model.to_dict(), "forward_batch": batch, "learner_core_s_per_sample": model.learner_core_s()}
+        if envs:
+            bound = compute_bound_limit(mean_env_profile(envs), model, batch, usable_cores())
+            if len(measured) == 2:
+                bound["before_and_after_steps_per_s"] = [
+                    compute_bound_limit(env, model, batch, usable_cores())["steps_per_s"] for env, model in measured]
+            results["infer"]["compute_bound"] = bound
 
 
 def _ratios(results: dict) -> dict:
@@ -407,6 +448,10 @@ def _compute_lines(infer: dict) -> list:
         c = b["core_s_per_step"]
         out.append(f"  compute-bound limit = {b['cores']} cores / (env {_us(c['env'])} + forward {_us(c['forward'])}"
                    f" + learn {_us(c['learn'])} per agent step, in core time) = {b['steps_per_s']:,.0f} steps/s")
+        if "before_and_after_steps_per_s" in b:
+            before, after = b["before_and_after_steps_per_s"]
+            out.append(f"  (each cost: the mean of half a window before the runs, where the limit read {before:,.0f}"
+                       f" steps/s, and half after, {after:,.0f})")
     else:
         out.append("  (the compute-bound limit needs the env measurement too: --mode all)")
     return out

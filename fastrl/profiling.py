@@ -24,7 +24,7 @@ import platform
 import queue
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import gymnasium as gym
@@ -86,6 +86,20 @@ class EnvProfile:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def mean_env_profile(profiles: Sequence[EnvProfile]) -> EnvProfile:
+    """One profile from several measurements of the same layout taken at different
+    times: the mean core-seconds per step (what a limit adds up) and the rates that
+    follow from it; window_s is the total measured time."""
+    first = profiles[0]
+    cores_used = first.seconds_per_step * first.steps_per_s  # min(num_procs, usable cores)
+    seconds_per_step = statistics.fmean(p.seconds_per_step for p in profiles)
+    steps_per_s = cores_used / seconds_per_step
+    return replace(
+        first, window_s=sum(p.window_s for p in profiles), steps_per_s=steps_per_s,
+        frames_per_s=steps_per_s * first.frameskip, seconds_per_step=seconds_per_step,
+        seconds_per_frame=seconds_per_step / first.frameskip)
 
 
 def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, results) -> None:
@@ -243,6 +257,16 @@ class ModelProfile:
             "train": {str(t): {"minibatch": self.train_minibatch, "s_per_sample": s, "samples_per_s": 1.0 / s}
                       for t, s in self.train_s_per_sample.items()},
         }
+
+
+def mean_model_profile(profiles: Sequence[ModelProfile]) -> ModelProfile:
+    """One profile from several measurements of the same model and thread counts
+    taken at different times: the mean of each per-sample time."""
+    first = profiles[0]
+    forward = {t: {b: statistics.fmean(p.forward_s_per_sample[t][b] for p in profiles) for b in per}
+               for t, per in first.forward_s_per_sample.items()}
+    train = {t: statistics.fmean(p.train_s_per_sample[t] for p in profiles) for t in first.train_s_per_sample}
+    return replace(first, forward_s_per_sample=forward, train_s_per_sample=train)
 
 
 def _fake_obs(model, obs_space, lead: tuple, gen: torch.Generator) -> dict:

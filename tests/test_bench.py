@@ -1,5 +1,6 @@
 """The bench CLI as a user runs it, and its bottleneck sentence: on hand-made
 fractions, and on deliberately learner-bound and env-bound runs."""
+import dataclasses
 import json
 import math
 import os
@@ -9,7 +10,7 @@ import pytest
 from fastrl.bench import forward_batch_sizes
 from fastrl.bottleneck import diagnose
 from fastrl.config import Config
-from fastrl.profiling import EnvProfile, ModelProfile, compute_bound_limit
+from fastrl.profiling import EnvProfile, ModelProfile, compute_bound_limit, mean_env_profile, mean_model_profile
 from helpers import TrainRun
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -74,9 +75,11 @@ def test_all_modes_write_a_complete_report_and_leave_nothing_behind(tmp_path):
             assert math.isfinite(value) and (value > 0 or path[-2:] in MAY_BE_ZERO), f"{path} = {value}"
             checked += 1
     assert checked > 40
+    # The limits were measured on both sides of the runs, and the report says so.
+    assert len(report["results"]["infer"]["compute_bound"]["before_and_after_steps_per_s"]) == 2
     text = run.output()
     for line in ("env-limit", "compute-bound limit", "x env-limit", "where the time goes (train",
-                 "policy lag", "bottleneck: "):
+                 "policy lag", "bottleneck: ", "half a window before the runs"):
         assert line in text, text
     assert run.leftover_processes() == []
     assert _own_shm_entries(run) == set()
@@ -184,6 +187,25 @@ def test_compute_bound_limit_divides_the_cores_by_the_core_time_of_one_step():
     assert limit["core_s_per_step"] == pytest.approx({"env": 10e-6, "forward": 6e-6, "learn": 20e-6})
     assert limit["steps_per_s"] == pytest.approx(4 / 36e-6)
     assert limit["frames_per_s"] == pytest.approx(4 * 4 / 36e-6)
+
+
+def test_limits_measured_before_and_after_the_runs_average_their_costs():
+    before = EnvProfile(env="x", num_procs=2, envs_per_proc=8, frameskip=4, window_s=5.0, steps_per_s=2e5,
+                        frames_per_s=8e5, seconds_per_step=10e-6, seconds_per_frame=2.5e-6)
+    after = dataclasses.replace(before, steps_per_s=1e5, frames_per_s=4e5, seconds_per_step=20e-6,
+                                seconds_per_frame=5e-6)  # the machine ran at half speed
+    env = mean_env_profile([before, after])
+    assert env.seconds_per_step == pytest.approx(15e-6) and env.seconds_per_frame == pytest.approx(3.75e-6)
+    assert env.steps_per_s == pytest.approx(2 / 15e-6) and env.frames_per_s == pytest.approx(4 * 2 / 15e-6)
+    assert env.window_s == 10.0 and env.num_procs == 2
+    model = ModelProfile(device="cpu", threads=[1], forward_batch_sizes=[32], forward_s_per_sample={1: {32: 6e-6}},
+                         train_minibatch=256, ppo_epochs=2, train_s_per_sample={1: 12e-6})
+    slower = dataclasses.replace(model, forward_s_per_sample={1: {32: 8e-6}}, train_s_per_sample={1: 16e-6})
+    mean = mean_model_profile([model, slower])
+    assert mean.forward_s_per_sample[1] == pytest.approx({32: 7e-6})
+    assert mean.train_s_per_sample == pytest.approx({1: 14e-6}) and mean.ppo_epochs == 2
+    limit = compute_bound_limit(env, mean, forward_batch=32, cores=2)
+    assert limit["steps_per_s"] == pytest.approx(2 / (15e-6 + 7e-6 + 2 * 14e-6))
 
 
 def test_forward_batch_sizes_follow_the_inference_placement():
