@@ -349,17 +349,18 @@ def _report_limits(results: dict, measured: list, cfg: Config) -> None:
     """Fill the env and infer results from one or two (before, after) measurements."""
     envs = [env for env, _ in measured if env]
     models = [model for _, model in measured if model]
-    batch = forward_batch_sizes(cfg)[-1]
-    if envs:
-        results["env"] = mean_env_profile(envs).to_dict()
+    env = mean_env_profile(envs) if envs else None
+    batch, cores = forward_batch_sizes(cfg)[-1], usable_cores()
+    if env:
+        results["env"] = env.to_dict()
     if models:
         model = mean_model_profile(models)
         results["infer"] = {**model.to_dict(), "forward_batch": batch, "learner_core_s_per_sample": model.learner_core_s()}
-        if envs:
-            bound = compute_bound_limit(mean_env_profile(envs), model, batch, usable_cores())
+        if env:
+            bound = compute_bound_limit(env, model, batch, cores)
             if len(measured) == 2:
                 bound["before_and_after_steps_per_s"] = [
-                    compute_bound_limit(env, model, batch, usable_cores())["steps_per_s"] for env, model in measured]
+                    compute_bound_limit(*half, batch, cores)["steps_per_s"] for half in measured]
             results["infer"]["compute_bound"] = bound
 
 
