@@ -8,6 +8,8 @@ import traceback
 
 import numpy as np
 
+from fastrl.seeding import episode_seed
+
 
 class EnvFailedError(RuntimeError):
     """An env kept raising; the message names it and carries its traceback."""
@@ -43,9 +45,10 @@ class SplitEnvs:
         return self._spec.make(seed=self._seeds[i], **self._options)
 
     def _next_seed(self, i: int) -> int:
-        # Every episode gets its own seed derived from the env's: reproducible, never repeated.
+        # Every episode gets its own seed derived from the env's: reproducible, and
+        # unrelated to any other env's or episode's.
         self._resets[i] += 1
-        return self._seeds[i] * 1000 + self._resets[i]
+        return episode_seed(self._seeds[i], self._resets[i])
 
     def close(self) -> None:
         for env in self.envs:

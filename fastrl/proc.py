@@ -132,10 +132,15 @@ def init_child(name: str, torch_threads: int) -> None:
     torch.set_num_interop_threads(1)
 
 
-def run_child(name: str, torch_threads: int, error_queue, target, *args) -> None:
-    """Entry point of every child: run `target(*args)`, and if it raises, send
-    (name, traceback) to the runner and exit non-zero."""
+def run_child(name: str, torch_threads: int, seed: int | None, error_queue, target, *args) -> None:
+    """Entry point of every child: seed torch with `seed` (see fastrl.seeding; None
+    leaves it as inherited), run `target(*args)`, and if it raises, send (name,
+    traceback) to the runner and exit non-zero."""
     init_child(name, torch_threads)
+    if seed is not None:
+        import torch
+
+        torch.manual_seed(seed)
     try:
         target(*args)
     except Interrupted:

@@ -37,6 +37,7 @@ from fastrl.learner import gradient_step
 from fastrl.model import obs_zeros
 from fastrl.proc import run_child
 from fastrl.rollout_worker import env_options
+from fastrl.seeding import env_seed
 
 ENV_START_TIMEOUT_S = 300.0  # creating many ViZDoom games can take minutes on a busy machine
 ENV_FINISH_SLACK_S = 60.0  # one round of stepping every env may overrun the window
@@ -109,7 +110,7 @@ def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, 
     envs = []
     try:
         for i in range(cfg.num_envs_per_worker):
-            seed = cfg.seed * 100_000 + index * cfg.num_envs_per_worker + i
+            seed = env_seed(cfg.seed, index * cfg.num_envs_per_worker + i)
             env = spec.make(seed=seed, **env_options(cfg))
             envs.append(env)
             env.reset(seed=seed)
@@ -153,7 +154,7 @@ def measure_env(cfg, num_procs: int, seconds: float, warmup: float, progress: Pr
     mp = multiprocessing.get_context("spawn")
     ready, results, errors, go = mp.Queue(), mp.Queue(), mp.Queue(), mp.Event()
     procs = [mp.Process(target=run_child, name=f"env-bench {i}",
-                        args=(f"env-bench {i}", 1, errors, _step_envs_child, i, cfg, warmup, seconds, ready, go, results))
+                        args=(f"env-bench {i}", 1, None, errors, _step_envs_child, i, cfg, warmup, seconds, ready, go, results))
              for i in range(num_procs)]
     for p in procs:
         p.start()

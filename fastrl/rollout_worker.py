@@ -14,6 +14,7 @@ from fastrl.env_runner import SplitEnvs
 from fastrl.inference import LocalPolicy
 from fastrl.polling import get_many_polling
 from fastrl.proc import use_batch_scheduling
+from fastrl.seeding import env_seed
 from fastrl.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/polling.py)
@@ -52,10 +53,12 @@ class RolloutWorker:
             "truncated": b.truncated.numpy(),
         }
         n = cfg.envs_per_split
+        # run_child seeded torch with this process's own seed (fastrl.seeding); the envs
+        # take theirs from it, so a restarted worker or a resumed run meets new episodes.
+        worker_seed = torch.initial_seed()
         self.splits = []
         for s in range(cfg.num_splits):
-            first = (index * cfg.num_envs_per_worker + s * n)
-            seeds = [cfg.seed * 100_000 + first + i for i in range(n)]
+            seeds = [env_seed(worker_seed, s * n + i) for i in range(n)]
             self.splits.append(SplitEnvs(self.spec, env_options(cfg), seeds, self.views, ctx.action_spec))
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
         self.t = [0] * cfg.num_splits  # step within it

@@ -36,6 +36,7 @@ from fastrl.monitor import Monitor, scalars_from
 from fastrl.params import SharedParams, StopFlag
 from fastrl.policy_worker import policy_worker_main
 from fastrl.proc import run_child, start_process_server
+from fastrl.seeding import process_seed
 from fastrl.profiling import usable_cores
 from fastrl.rollout_worker import env_options, rollout_worker_main
 from fastrl.sink import sink_main
@@ -178,6 +179,7 @@ class Runner:
         self.ctx = self._build_context(model)
         self.adapter.board = self.ctx.board
         self.processes: list = []
+        self.spawned: collections.Counter = collections.Counter()  # name -> processes started under it
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
         self.returns100 = collections.deque(maxlen=100)
         self.objectives100 = collections.deque(maxlen=100)
@@ -221,8 +223,10 @@ class Runner:
 
     # -- processes ----------------------------------------------------------------------
     def _spawn(self, name: str, target, *args, threads: int = 0):
+        seed = process_seed(self.cfg.seed, name, self.frames_offset, self.spawned[name])
+        self.spawned[name] += 1
         p = self.mp.Process(target=run_child, name=name, daemon=False,
-                            args=(name, threads or self.cfg.torch_threads, self.error_queue, target, *args))
+                            args=(name, threads or self.cfg.torch_threads, seed, self.error_queue, target, *args))
         p.start()
         self.processes.append(p)
         return p
