@@ -53,6 +53,10 @@ class Config:
     worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes. With more busy processes than cores, "
                             "Linux shares the CPU by weight, and a higher value shifts it from the actors to the learner; "
                             "--plan auto sets it so the learner gets the share its cost needs.")
+    pin_workers: bool = _opt(False, "Run rollout worker i and its envs' processes (ViZDoom's engines) on core i (round-robin over the "
+                             "cores this process may use), so that each env step's hand-off between worker and engine stays on one core "
+                             "instead of waking another. Off by default: on a 2-core VM it made Doom sampling 6-21% faster but training "
+                             "no faster, as the learner then bounds it (benchmarks/README.md).")
     adapt: bool = _opt(False, "While training, move a torch thread to or from the learner when rollout workers or the learner "
                        "wait; off by default: measured on a loaded 2-core machine, a second learner thread cut training ~10x.")
     inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")

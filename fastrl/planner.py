@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fastrl.proc import on_one_core
+
 # What the planner may choose; every other option stays as configured.
 PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers",
            "worker_nice")
@@ -311,7 +313,8 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
     from fastrl.profiling import measure_model, usable_cores
 
     cores = usable_cores()
-    env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
+    with on_one_core(cfg.pin_workers):  # where the runner made `env` when workers are pinned
+        env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
     small = dataclasses.replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
     threads = [1, 2] if cores >= 2 else [1]
     model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3,
@@ -339,8 +342,8 @@ def _source_digest() -> str:
 
 
 def cached_costs(cfg, env, seconds: float) -> tuple:
-    """profile_costs, remembered per machine, torch version, fastrl source, env and
-    model options under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first
+    """profile_costs, remembered per machine, torch version, fastrl source, env, model
+    options and worker pinning under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first
     run of a setup pays for the profile. Returns (costs, whether it came from the cache).
     A cached profile can be stale if the machine's load changed: --plan auto after
     deleting the file, or the bench CLI, measures afresh."""
@@ -350,10 +353,10 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
 
     from fastrl.profiling import machine_info
 
-    model_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
-                  "rollout", "ppo_epochs", "doom_measurements", "doom_scenario")
+    setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
+                  "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
-                      "code": _source_digest(), **{k: getattr(cfg, k) for k in model_keys}}, sort_keys=True)
+                      "code": _source_digest(), **{k: getattr(cfg, k) for k in setup_keys}}, sort_keys=True)
     root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
     path = os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
     try:

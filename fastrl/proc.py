@@ -2,6 +2,7 @@
 threads, die with its parent, and report its own death with a traceback."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -106,6 +107,42 @@ def use_batch_scheduling(nice: int = 0) -> None:
             os.nice(nice)
     except OSError:
         pass  # a sandbox that forbids it: the default policy only costs throughput
+
+
+def pin_to_core(index: int) -> None:
+    """Run this process, and every process it starts from now on, on the index-th
+    (round-robin) of the cores it may use. A no-op where affinity cannot be set.
+
+    What pinning a rollout worker buys: each env step of ViZDoom is a hand-off to the
+    engine's process and back. Left to Linux, the engine often wakes on the other
+    core, and waking an idle core is an interrupt that, on a VM, goes through the
+    hypervisor. Measured here, one process stepping 4 doom_battle envs, 5-s windows:
+    632-753 us a step pinned with its engines against 915-1,061 us unpinned."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[index % len(cores)]})
+    except (AttributeError, OSError):
+        pass  # not Linux, or a sandbox that forbids it: only throughput is lost
+
+
+@contextlib.contextmanager
+def on_one_core(enabled: bool = True):
+    """Within the block, run this process (and what it starts) on one core, as a
+    pinned rollout worker runs; afterwards on the cores it had."""
+    try:
+        before = os.sched_getaffinity(0) if enabled else None
+    except AttributeError:
+        before = None
+    if before is not None:
+        pin_to_core(0)
+    try:
+        yield
+    finally:
+        if before is not None:
+            try:
+                os.sched_setaffinity(0, before)
+            except OSError:
+                pass
 
 
 def init_child(name: str, torch_threads: int) -> None:

@@ -35,7 +35,7 @@ from envs.registry import get_spec
 from fastrl.inference import build_model
 from fastrl.learner import gradient_step
 from fastrl.model import obs_zeros
-from fastrl.proc import run_child
+from fastrl.proc import pin_to_core, run_child
 from fastrl.rollout_worker import env_options
 from fastrl.seeding import env_seed
 
@@ -106,6 +106,8 @@ def mean_env_profile(profiles: Sequence[EnvProfile]) -> EnvProfile:
 def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, results) -> None:
     """One measuring process: make the envs, report ready, wait for the common start,
     step with random actions through the warm-up, then count steps over the window."""
+    if cfg.pin_workers:
+        pin_to_core(index)  # as the rollout worker it stands for
     spec = get_spec(cfg.env)
     envs = []
     try:

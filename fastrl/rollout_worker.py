@@ -13,7 +13,7 @@ from envs.registry import get_spec
 from fastrl.env_runner import SplitEnvs
 from fastrl.inference import LocalPolicy
 from fastrl.polling import get_many_polling
-from fastrl.proc import use_batch_scheduling
+from fastrl.proc import pin_to_core, use_batch_scheduling
 from fastrl.seeding import env_seed
 from fastrl.stats_board import Timer
 
@@ -190,5 +190,8 @@ class RolloutWorker:
 
 
 def rollout_worker_main(cfg, index: int, ctx) -> None:
-    use_batch_scheduling(cfg.worker_nice)  # before the envs: their engines inherit it
+    # Before the envs are made: their engines inherit the policy, niceness and core.
+    use_batch_scheduling(cfg.worker_nice)
+    if cfg.pin_workers:
+        pin_to_core(index)
     RolloutWorker(cfg, index, ctx).run()

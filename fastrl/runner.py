@@ -35,10 +35,10 @@ from fastrl.model import flat_state, flat_state_size, obs_layout
 from fastrl.monitor import Monitor, scalars_from
 from fastrl.params import SharedParams, StopFlag
 from fastrl.policy_worker import policy_worker_main
-from fastrl.proc import run_child, start_process_server
-from fastrl.seeding import process_seed
+from fastrl.proc import on_one_core, run_child, start_process_server
 from fastrl.profiling import usable_cores
 from fastrl.rollout_worker import env_options, rollout_worker_main
+from fastrl.seeding import process_seed
 from fastrl.sink import sink_main
 from fastrl.stats_board import StatsBoard
 from fastrl.supervision import HeldBuffers, WorkerSupervisor
@@ -129,8 +129,10 @@ def prepare_experiment(cfg: Config, explicit: set):
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
             "pass --restart to start over or choose another --experiment.")
     # One env opened here: its spaces shape the buffers and the model, and the
-    # planner times its steps.
-    env = spec.make(seed=cfg.seed, **env_options(cfg))
+    # planner times its steps. With pinned rollout workers it is made on the core the
+    # planner times it on, so that its engine's process sits where a worker's would.
+    with on_one_core(cfg.pin_workers):
+        env = spec.make(seed=cfg.seed, **env_options(cfg))
     try:
         obs_space, action_space = env.observation_space, env.action_space
         plan = make_plan(cfg, explicit, env, resuming=state is not None)

@@ -6,6 +6,7 @@ import signal
 import statistics
 
 import numpy as np
+import psutil
 import pytest
 
 from envs.registry import get_spec
@@ -92,6 +93,27 @@ def test_rollout_workers_and_their_engines_run_as_nicer_batch_work(tmp_path):
         assert workers and engines and learner, policies
         assert set(workers) == set(engines) == {(os.SCHED_BATCH, 3)}, policies
         assert learner == [(os.SCHED_OTHER, 0)]  # the learner keeps the default: it is the one protected
+    finally:
+        run.proc.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+    assert run.leftover_processes(grace=10) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
+def test_pinned_rollout_workers_run_on_one_core_each_with_their_engines(tmp_path):
+    run = _started_doom_run(tmp_path, "--pin_workers", "--num_workers", "2")
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        placed = {}  # title -> (its cores, its descendants' cores)
+        for pid, title in run.titles.items():
+            if title.startswith(("fastrl: rollout-worker", "fastrl: learner")):
+                proc = psutil.Process(pid)
+                placed[" ".join(title.split())] = (os.sched_getaffinity(pid),
+                                 [os.sched_getaffinity(c.pid) for c in proc.children(recursive=True)])
+        for i in range(2):
+            own, engines = placed[f"fastrl: rollout-worker {i}"]
+            assert own == {cores[i % len(cores)]} and engines and all(e == own for e in engines), placed
+        assert placed["fastrl: learner"][0] == set(cores), placed  # the learner goes wherever a core is free
     finally:
         run.proc.send_signal(signal.SIGTERM)
         run.wait(timeout=60)

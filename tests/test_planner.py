@@ -2,11 +2,13 @@
 predictions agree with the plan it makes."""
 import dataclasses
 import json
+import os
 
 import pytest
 
 from fastrl.config import Config
 from fastrl.planner import NICE_STEP, TIE, Costs, Plan, choose, predict, worker_nice
+from fastrl.proc import on_one_core
 
 
 def cfg(**kw):
@@ -213,3 +215,15 @@ def test_env_profile_skips_the_settling_slice_and_takes_the_median():
     # An env that dies is timed on the steps it took, not raised here.
     broken = _TimedEnv(lambda i: 2e-3, fail_at=7)
     assert time_env_steps(broken, seconds=0.5, chunks=4, clock=lambda: broken.now) == pytest.approx(2e-3)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
+def test_the_env_is_timed_on_one_core_only_when_workers_are_pinned():
+    # --pin_workers: the planner times the env where a pinned worker would step it,
+    # then gives the process back every core it had.
+    before = os.sched_getaffinity(0)
+    with on_one_core(True):
+        inside = os.sched_getaffinity(0)
+    assert inside == {min(before)} and os.sched_getaffinity(0) == before
+    with on_one_core(False):
+        assert os.sched_getaffinity(0) == before
