@@ -14,7 +14,7 @@ torch's sampling and every env's episodes draw from that seed. Hence:
   predecessor had.
 
 numpy's SeedSequence hashes its inputs, so neighbouring inputs (seed 0 and 1, env 5
-and 6) give unrelated seeds, and no scheme of offsets can make two streams overlap.
+and 6) give unrelated seeds rather than overlapping ranges of them.
 Seeds fit in 31 bits: some envs hand theirs to a C engine that takes an int.
 """
 from __future__ import annotations
