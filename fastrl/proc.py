@@ -129,20 +129,18 @@ def pin_to_core(index: int) -> None:
 def on_one_core(enabled: bool = True):
     """Within the block, run this process (and what it starts) on one core, as a
     pinned rollout worker runs; afterwards on the cores it had."""
-    try:
-        before = os.sched_getaffinity(0) if enabled else None
-    except AttributeError:
-        before = None
-    if before is not None:
-        pin_to_core(0)
+    if not (enabled and hasattr(os, "sched_getaffinity")):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin_to_core(0)
     try:
         yield
     finally:
-        if before is not None:
-            try:
-                os.sched_setaffinity(0, before)
-            except OSError:
-                pass
+        try:
+            os.sched_setaffinity(0, before)
+        except OSError:
+            pass  # a sandbox that forbids it: pin_to_core could not have pinned either
 
 
 def init_child(name: str, torch_threads: int) -> None:

@@ -108,8 +108,8 @@ def test_pinned_rollout_workers_run_on_one_core_each_with_their_engines(tmp_path
         for pid, title in run.titles.items():
             if title.startswith(("fastrl: rollout-worker", "fastrl: learner")):
                 proc = psutil.Process(pid)
-                placed[" ".join(title.split())] = (os.sched_getaffinity(pid),
-                                 [os.sched_getaffinity(c.pid) for c in proc.children(recursive=True)])
+                children = [os.sched_getaffinity(c.pid) for c in proc.children(recursive=True)]
+                placed[" ".join(title.split())] = (os.sched_getaffinity(pid), children)
         for i in range(2):
             own, engines = placed[f"fastrl: rollout-worker {i}"]
             assert own == {cores[i % len(cores)]} and engines and all(e == own for e in engines), placed
