@@ -8,7 +8,9 @@ compute-bound limit) for half a window before it samples and trains and half
 after, and divides the train rate by the limit of the mean costs. This VM's
 speed still moves between rounds (one round read 0.87 and the next, 5 minutes
 later, 0.74), so the median of several rounds is the number to quote, with its
-spread; each round also prints the limit before and after its runs. Bench
+spread; each round also prints the limit before and after its runs, and the
+ratio's two factors: the cores the run kept busy, and the limit's core time
+per agent step over the run's (with the run's by role). Bench
 options after the known ones pass through (a layout, a precision).
 """
 from __future__ import annotations
@@ -43,6 +45,9 @@ def one_round(env: str, bench_args: list, json_path: str) -> dict:
         "core_us": {k: v * 1e6 for k, v in infer["compute_bound"]["core_s_per_step"].items()},
         "limit_fps_before_after": [sps * frameskip for sps in infer["compute_bound"]["before_and_after_steps_per_s"]],
         "bottleneck": report.get("bottleneck", ""),
+        "cores_busy": report["ratios"]["train_cores_busy_fraction"],
+        "core_time_ratio": report["ratios"]["limit_over_train_core_s_per_step"],
+        "run_us": {k: v * 1e6 for k, v in train["core_s_per_step"].items()},
     }
 
 
@@ -66,10 +71,15 @@ def main() -> int:
             print(f"round {i + 1}: train {r['train_fps']:,.0f} fps / limit {r['limit_fps']:,.0f} fps = {r['ratio']:.3f}"
                   f"  (limit before the runs {before:,.0f}, after {after:,.0f}; core us per step: env {us['env']:.0f},"
                   f" forward {us['forward']:.0f}, learn {us['learn']:.0f}; {r['bottleneck']})", flush=True)
+            run_us = ", ".join(f"{role} {v:.0f}" for role, v in r["run_us"].items())
+            print(f"  = cores kept busy {r['cores_busy']:.3f} x core time per step, limit over run"
+                  f" {r['core_time_ratio']:.3f} (run's core us per step: {run_us})", flush=True)
     print(f"layout: {rounds[0]['layout']}")
     ratios = [r["ratio"] for r in rounds]
     print(f"median ratio {statistics.median(ratios):.3f} over {len(ratios)} rounds (min {min(ratios):.3f}, "
-          f"max {max(ratios):.3f}); median train {statistics.median(r['train_fps'] for r in rounds):,.0f} fps")
+          f"max {max(ratios):.3f}); median train {statistics.median(r['train_fps'] for r in rounds):,.0f} fps; "
+          f"median cores kept busy {statistics.median(r['cores_busy'] for r in rounds):.3f}, "
+          f"median limit/run core time per step {statistics.median(r['core_time_ratio'] for r in rounds):.3f}")
     return 0
 
 

@@ -111,27 +111,40 @@ class _Progress:
         self._bar.close()
 
 
+# Which role a run process's CPU time counts under, by its name's first word; a
+# rollout worker's children (ViZDoom's engines) count as "env processes".
+ROLES = {"learner": "learner", "rollout-worker": "rollout workers", "policy-worker": "policy workers",
+         "sink": "sink", "evaluator": "evaluator"}
+
+
 def _cpu_seconds(runner) -> tuple:
-    """(CPU seconds used so far by this process and the run's processes with their
-    children (Doom engines), busy CPU seconds of the whole machine). Their changes
-    over the window tell whether other programs took cores from the run."""
-    procs = [psutil.Process()]
-    for p in runner.processes:
-        try:
-            child = psutil.Process(p.pid)
-            procs += [child, *child.children(recursive=True)]
-        except psutil.Error:
-            pass  # it ended: its CPU time leaves the sum, a small undercount for a restarted worker
-    ours = 0.0
-    for proc in procs:
+    """({role: CPU seconds used so far}, busy CPU seconds of the whole machine): the
+    run's processes by role, their children as "env processes", and this process
+    (which runs the runner's loop) as "runner". Their changes over the window say
+    where each agent step's CPU went, and whether other programs took cores from
+    the run."""
+    def cpu(proc) -> float:
         try:
             t = proc.cpu_times()
-            ours += t.user + t.system
+            return t.user + t.system
         except psutil.Error:
-            pass
+            return 0.0  # it ended: its CPU time leaves the sum, a small undercount for a restarted worker
+
+    roles = {}
+    for p in runner.processes:
+        role = ROLES.get(p.name.split(" ")[0], p.name)
+        try:
+            proc = psutil.Process(p.pid)
+            children = proc.children(recursive=True)
+        except psutil.Error:
+            continue
+        roles[role] = roles.get(role, 0.0) + cpu(proc)
+        if children:
+            roles["env processes"] = roles.get("env processes", 0.0) + sum(cpu(c) for c in children)
+    roles["runner"] = cpu(psutil.Process())
     m = psutil.cpu_times()
     machine = m.user + m.nice + m.system + getattr(m, "irq", 0.0) + getattr(m, "softirq", 0.0) + getattr(m, "steal", 0.0)
-    return ours, machine
+    return roles, machine
 
 
 class _Window:
@@ -248,8 +261,13 @@ def _rate_report(window: _Window, learn: bool) -> dict:
     restarts = sum(delta(r, "env_restarts") for r in rows("rollout_"))
     if restarts:  # reported only when it happened: the rates then include failing envs
         result["env_restarts"] = restarts
-    ours, machine = (cpu1[0] - cpu0[0]) / dt, (cpu1[1] - cpu0[1]) / dt
+    # max(0, ...): a worker restarted inside the window starts its count again.
+    roles = {role: max(0.0, seconds - cpu0[0].get(role, 0.0)) for role, seconds in cpu1[0].items()}
+    ours, machine = sum(roles.values()) / dt, (cpu1[1] - cpu0[1]) / dt
     result["cpu_cores_used"] = {"by_this_run": ours, "by_other_programs": max(0.0, machine - ours)}
+    # Core time per agent step by role: what the compute-bound limit's parts become
+    # when they run together (see _ratios).
+    result["core_s_per_step"] = {role: seconds / max(steps, 1.0) for role, seconds in roles.items()}
     result["bottleneck"] = diagnose(parts, cores=usable_cores(), others_cores=max(0.0, machine - ours))
     return result
 
@@ -372,7 +390,14 @@ def _ratios(results: dict) -> dict:
         if mode in results and env_fps:
             ratios[f"{mode}_over_env_limit"] = results[mode]["frames_per_s"] / env_fps
     if "train" in results and bound:
-        ratios["train_over_compute_bound"] = results["train"]["steps_per_s"] / bound["steps_per_s"]
+        train = results["train"]
+        ratios["train_over_compute_bound"] = train["steps_per_s"] / bound["steps_per_s"]
+        # The same ratio in two factors, whose product it is exactly: how much of the
+        # cores the run kept busy, and how much more core time an agent step took in
+        # the run than its parts took measured alone.
+        ratios["train_cores_busy_fraction"] = train["cpu_cores_used"]["by_this_run"] / bound["cores"]
+        ratios["limit_over_train_core_s_per_step"] = (sum(bound["core_s_per_step"].values())
+                                                      / sum(train["core_s_per_step"].values()))
     return ratios
 
 
@@ -426,6 +451,12 @@ def format_report(report: dict) -> str:
         predicted = report["plan"]["predicted"]["trained_steps_per_s"]
         lines.append(f"train measured {r['train']['throughput']['trained_per_s'] / predicted:.0%} of the plan's "
                      f"predicted {predicted * report['frameskip']:,.0f} env frames/s trained")
+    if "limit_over_train_core_s_per_step" in ratios:
+        limit_s = sum(r["infer"]["compute_bound"]["core_s_per_step"].values())
+        run_s = sum(r["train"]["core_s_per_step"].values())
+        lines.append(f"train / compute-bound limit {ratios['train_over_compute_bound']:.2f} = cores kept busy "
+                     f"{ratios['train_cores_busy_fraction']:.2f} x core time per agent step, the limit's "
+                     f"{_us(limit_s)} over the run's {_us(run_s)} ({ratios['limit_over_train_core_s_per_step']:.2f})")
     if "infer" in r:
         lines += ["", *_compute_lines(r["infer"])]
     for mode in ("train", "sample"):
@@ -480,6 +511,8 @@ def _time_lines(mode: str, res: dict, cfg: Config, cores: int) -> list:
     cpu = res["cpu_cores_used"]
     out.append(f"  CPU: this run used {cpu['by_this_run']:.2f} cores, other programs {cpu['by_other_programs']:.2f}"
                f" (of {cores} usable)")
+    per_step = ", ".join(f"{role} {_us(s)}" for role, s in res["core_s_per_step"].items())
+    out.append(f"  core time per agent step: {per_step}")
     if "env_restarts" in res:
         out.append(f"  warning: envs raised and were restarted {res['env_restarts']:.0f} times in the window;"
                    " these rates include the failures.")

@@ -60,7 +60,14 @@ def _own_shm_entries(run) -> set:
 def test_all_modes_write_a_complete_report_and_leave_nothing_behind(tmp_path):
     report, run = _bench(tmp_path, ["--env", "CartPole-v1", "--mode", "all", *QUICK])
     assert set(report["results"]) == {"env", "infer", "sample", "train"}
-    assert set(report["ratios"]) == {"train_over_env_limit", "train_over_compute_bound", "sample_over_env_limit"}
+    ratios = report["ratios"]
+    assert set(ratios) == {"train_over_env_limit", "train_over_compute_bound", "sample_over_env_limit",
+                           "train_cores_busy_fraction", "limit_over_train_core_s_per_step"}
+    # The ratio to the limit splits exactly into the cores kept busy and the core time a step took.
+    assert ratios["train_cores_busy_fraction"] * ratios["limit_over_train_core_s_per_step"] == pytest.approx(
+        ratios["train_over_compute_bound"], rel=1e-9)
+    # CartPole runs inside its workers: no env processes to count.
+    assert set(report["results"]["train"]["core_s_per_step"]) == {"learner", "rollout workers", "runner"}
     assert report["config"]["plan"] == "off" and report["plan"]["description"].startswith("plan: ")  # planned once
     assert report["bottleneck"] == report["results"]["train"]["bottleneck"]
     assert {"cpu", "usable_cores", "gpu", "torch", "python"} <= set(report["machine"])
@@ -79,10 +86,21 @@ def test_all_modes_write_a_complete_report_and_leave_nothing_behind(tmp_path):
     assert len(report["results"]["infer"]["compute_bound"]["before_and_after_steps_per_s"]) == 2
     text = run.output()
     for line in ("env-limit", "compute-bound limit", "x env-limit", "where the time goes (train",
-                 "policy lag", "bottleneck: ", "half a window before the runs"):
+                 "policy lag", "bottleneck: ", "half a window before the runs", "cores kept busy",
+                 "core time per agent step: learner"):
         assert line in text, text
     assert run.leftover_processes() == []
     assert _own_shm_entries(run) == set()
+
+
+def test_doom_engines_count_as_env_processes_in_a_steps_core_time(tmp_path):
+    pytest.importorskip("vizdoom")
+    report, run = _bench(tmp_path, [*AS_GIVEN, "--env", "doom_basic", "--mode", "sample", "--num_envs_per_worker", "4"])
+    per_step = report["results"]["sample"]["core_s_per_step"]
+    assert set(per_step) == {"sink", "rollout workers", "env processes", "runner"}, per_step
+    # The engine renders and runs the game: it takes a real part of every step.
+    assert per_step["env processes"] > 0.1 * sum(per_step.values()), per_step
+    assert run.leftover_processes() == []
 
 
 def test_unknown_env_is_one_sentence_and_exit_2(tmp_path):
