@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import io
 import json
+import math
 import os
 import shutil
 import sys
@@ -46,6 +47,9 @@ from fastrl.stats_board import FIELDS
 
 MODES = ("env", "infer", "sample", "train")
 NEVER_S = 1e9  # "not within a bench run": periodic checkpoints and status lines would disturb the window
+# How often the window reads the run (see _Window): at a consumer's batch at most
+# every EDGE_SNAPSHOT_S, and between batches every FALLBACK_SNAPSHOT_S.
+EDGE_SNAPSHOT_S, FALLBACK_SNAPSHOT_S = 0.5, 1.0
 STARTUP_S = 300.0  # how long a sample/train run may take to start flowing (many Doom games start slowly)
 
 
@@ -158,8 +162,8 @@ class _Window:
     timer adds a span only when it ends, so an edge inside a long span (a learner
     step of a second, a worker waiting for it) would miscount up to a whole span;
     edges at the same point of the consumer's cycle count whole cycles. Without two
-    such points (a learner slower than the window) the edges are the first and last
-    polls after the warm-up. The lag of every learner batch is kept too, as the
+    such points (a learner slower than the window) the edges are the first poll
+    after the warm-up and the last of the polls read about once a second. The lag of every learner batch is kept too, as the
     board holds only the last batch's.
     """
 
@@ -188,6 +192,14 @@ class _Window:
             self.lags.append((elapsed, lag))
         self._version = version
         if elapsed < self.flowing_at + self.warmup:
+            return
+        # A snapshot reads every run process's CPU time and lists its children, which
+        # psutil does by reading /proc for every process on the machine: with 64
+        # ViZDoom engines, at every 50-ms poll, that took a tenth of the cores from the
+        # run it measured. The edges need one, at most every EDGE_SNAPSHOT_S (a sink
+        # takes a batch every few polls), and the fallback edge one a second.
+        since = elapsed - self.last[0] if self.last else math.inf
+        if not ((took_batch and since >= EDGE_SNAPSHOT_S) or since >= FALLBACK_SNAPSHOT_S):
             return
         rows = {row: {f: board.get(row, f) for f in FIELDS} for row in board.row_names}
         snap = (elapsed, rows, _cpu_seconds(runner))
