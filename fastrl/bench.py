@@ -163,8 +163,8 @@ class _Window:
     step of a second, a worker waiting for it) would miscount up to a whole span;
     edges at the same point of the consumer's cycle count whole cycles. Without two
     such points (a learner slower than the window) the edges are the first poll
-    after the warm-up and the last of the polls read about once a second. The lag of every learner batch is kept too, as the
-    board holds only the last batch's.
+    after the warm-up and the last of the polls read about once a second. The lag
+    of every learner batch is kept too, as the board holds only the last batch's.
     """
 
     def __init__(self, warmup: float, seconds: float, progress: _Progress):
@@ -196,10 +196,11 @@ class _Window:
         # A snapshot reads every run process's CPU time and lists its children, which
         # psutil does by reading /proc for every process on the machine: with 64
         # ViZDoom engines, at every 50-ms poll, that took a tenth of the cores from the
-        # run it measured. The edges need one, at most every EDGE_SNAPSHOT_S (a sink
-        # takes a batch every few polls), and the fallback edge one a second.
+        # run it measured. The edges need one: the first batch, then a batch at most
+        # every EDGE_SNAPSHOT_S (a sink takes one every few polls); and the fallback
+        # edge one a second.
         since = elapsed - self.last[0] if self.last else math.inf
-        if not ((took_batch and since >= EDGE_SNAPSHOT_S) or since >= FALLBACK_SNAPSHOT_S):
+        if not ((took_batch and (self.start is None or since >= EDGE_SNAPSHOT_S)) or since >= FALLBACK_SNAPSHOT_S):
             return
         rows = {row: {f: board.get(row, f) for f in FIELDS} for row in board.row_names}
         snap = (elapsed, rows, _cpu_seconds(runner))

@@ -4,9 +4,11 @@ import dataclasses
 import json
 import math
 import os
+import types
 
 import pytest
 
+from fastrl import bench
 from fastrl.bench import forward_batch_sizes
 from fastrl.bottleneck import diagnose
 from fastrl.config import Config
@@ -101,6 +103,53 @@ def test_doom_engines_count_as_env_processes_in_a_steps_core_time(tmp_path):
     # The engine renders and runs the game: it takes a real part of every step.
     assert per_step["env processes"] > 0.1 * sum(per_step.values()), per_step
     assert run.leftover_processes() == []
+
+
+EDGE_GAP = bench.EDGE_SNAPSHOT_S + 0.05  # a batch right after a reading may wait for the next
+
+
+class _Board:
+    """The runner's stats board as _Window reads it: a consumer taking a batch every
+    `batch_every_s`, after every process has started."""
+
+    def __init__(self, batch_every_s: float):
+        self.batch_every_s, self.now = batch_every_s, 0.0
+        self.row_names = ["runner", "learner", "rollout_0"]
+
+    def get(self, row: str, field: str) -> float:
+        batches = int(self.now / self.batch_every_s) + 1
+        if field in ("samples_received", "learner_steps"):
+            return float(batches)
+        return 1.0 if field == "heartbeat" else 0.0
+
+
+def test_the_window_reads_the_runs_cpu_at_batches_and_seldom_between(monkeypatch):
+    # Reading every process's CPU at each 50-ms poll took a tenth of the cores from
+    # the run being measured; the window needs a reading only at its edges.
+    reads = []
+
+    def read_cpu(runner):
+        reads.append(runner.ctx.board.now)
+        return {}, 0.0
+
+    monkeypatch.setattr(bench, "_cpu_seconds", read_cpu)
+    for batch_every_s in (1.3, 0.15):  # a learner, and a sink that frees buffers every few polls
+        reads.clear()
+        board = _Board(batch_every_s)
+        runner = types.SimpleNamespace(ctx=types.SimpleNamespace(board=board), cfg=types.SimpleNamespace())
+        window = bench._Window(warmup=1.0, seconds=10.0, progress=types.SimpleNamespace(at=lambda e: None))
+        poll = 0
+        while poll == 0 or board.now < runner.cfg.train_for_seconds:  # the window sets when the run stops
+            board.now = poll * 0.05
+            window(runner, board.now)
+            poll += 1
+        assert len(reads) <= 2 * 10 + 1, reads  # not one at each of the window's 200 polls
+        (t0, *_), (t1, *_) = window.edges()
+        # Both edges fall on polls where a batch was just taken, one batch apart at most
+        # from the window's ends.
+        for t in (t0, t1):
+            assert min(t % batch_every_s, batch_every_s - t % batch_every_s) < 0.05 + 1e-9, (t, batch_every_s)
+        assert t0 <= 1.0 + batch_every_s + 0.05 and t1 >= 11.0 - batch_every_s - EDGE_GAP, (t0, t1)
 
 
 def test_unknown_env_is_one_sentence_and_exit_2(tmp_path):
