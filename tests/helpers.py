@@ -12,6 +12,11 @@ import time
 import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# The environment a run needs to use the test envs (slow_env, faulty_env, seed_log_env):
+# its children make them by id, importing the module named before the colon from
+# their PYTHONPATH.
+TEST_ENVS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
 
 
 def shm_entries() -> set:

@@ -3,7 +3,6 @@ fractions, and on deliberately learner-bound and env-bound runs."""
 import dataclasses
 import json
 import math
-import os
 import types
 
 import pytest
@@ -13,9 +12,8 @@ from fastrl.bench import forward_batch_sizes
 from fastrl.bottleneck import diagnose
 from fastrl.config import Config
 from fastrl.profiling import EnvProfile, ModelProfile, compute_bound_limit, mean_env_profile, mean_model_profile
-from helpers import TrainRun
+from helpers import TEST_ENVS_ON_PATH, TrainRun
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 QUICK = ["--seconds", "2", "--warmup", "1"]
 BOTTLENECK = ["--seconds", "3", "--warmup", "1"]  # a few learner batches even when each takes ~0.5 s
 # The bottleneck tests measure the layout they ask for, not one the planner picks.
@@ -172,11 +170,9 @@ def test_huge_batches_on_a_tiny_env_are_learner_bound(tmp_path):
 
 
 def test_a_slow_env_with_a_tiny_model_is_env_bound(tmp_path):
-    # The children make the env by id, importing tests/slow_env.py from their PYTHONPATH.
-    pythonpath = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
     report, run = _bench(tmp_path, [*AS_GIVEN, "--env", "slow_env:SlowEnv-v0", "--mode", "train",
                                     "--num_envs_per_worker", "8", "--rollout", "16", "--batch_size", "128", "--num_minibatches", "1",
-                                    "--ppo_epochs", "1", "--hidden_sizes", "8"], env={"PYTHONPATH": pythonpath})
+                                    "--ppo_epochs", "1", "--hidden_sizes", "8"], env=TEST_ENVS_ON_PATH)
     train = report["results"]["train"]
     parts = train["fractions"]
     assert train["bottleneck"].startswith("env-bound"), run.output()

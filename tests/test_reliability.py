@@ -22,11 +22,8 @@ from fastrl.learner import Learner
 from fastrl.model import flat_state
 from fastrl.params import SharedParams
 from fastrl.stats_board import StatsBoard
-from helpers import TrainRun, read_summary, shm_entries
+from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-# Children make the faulty envs by id, importing tests/faulty_env.py from their PYTHONPATH.
-FAULTY = {"PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
 
 # Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch, one
 # gradient step per batch. Every layout option is given, so neither the planner nor
@@ -182,7 +179,7 @@ def test_a_hung_rollout_worker_is_killed_and_restarted(tmp_path):
 
 def test_an_env_raising_in_step_is_recreated_and_training_goes_on(tmp_path):
     run = start(["--env", "faulty_env:FlakyStep-v0", *SMALL, "--train_dir", str(tmp_path),
-                 "--train_for_env_frames", "6000"], env=FAULTY)
+                 "--train_for_env_frames", "6000"], env=TEST_ENVS_ON_PATH)
     assert finish(run, 60) == 0, run.output()
     summary = read_summary(tmp_path, "faulty_env:FlakyStep-v0")
     # Every env instance raises at its 40th step, its replacement 40 steps later.
@@ -192,7 +189,7 @@ def test_an_env_raising_in_step_is_recreated_and_training_goes_on(tmp_path):
 
 
 def test_an_env_that_always_raises_stops_the_run_naming_it(tmp_path):
-    run = start(["--env", "faulty_env:BrokenStep-v0", *SMALL, "--train_dir", str(tmp_path)], env=FAULTY)
+    run = start(["--env", "faulty_env:BrokenStep-v0", *SMALL, "--train_dir", str(tmp_path)], env=TEST_ENVS_ON_PATH)
     assert finish(run, 60) == 1, run.output()
     out = run.output()
     assert "rollout-worker 0 failed" in out
@@ -301,7 +298,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
 
 def test_nan_rewards_skip_updates_and_training_goes_on(tmp_path):
     run = start(["--env", "faulty_env:NanOnce-v0", *SMALL, "--train_dir", str(tmp_path),
-                 "--train_for_env_frames", "4000"], env=FAULTY)
+                 "--train_for_env_frames", "4000"], env=TEST_ENVS_ON_PATH)
     assert finish(run, 60) == 0, run.output()
     summary = read_summary(tmp_path, "faulty_env:NanOnce-v0")
     # All 8 envs hit their one NaN in the same step, so one batch is poisoned: far from the 20 in a row that stop a run.
@@ -313,7 +310,7 @@ def test_nan_rewards_skip_updates_and_training_goes_on(tmp_path):
 
 def test_persistent_nan_stops_the_run_and_keeps_a_good_checkpoint(tmp_path):
     run = start(["--env", "faulty_env:NanReward-v0", *SMALL, "--train_dir", str(tmp_path),
-                 "--checkpoint_every_seconds", "1"], env=FAULTY)
+                 "--checkpoint_every_seconds", "1"], env=TEST_ENVS_ON_PATH)
     assert finish(run, 60) == 1, run.output()
     assert "learner failed" in run.output()
     assert "the loss or its gradient was not finite in 20 updates in a row" in run.output()

@@ -10,9 +10,7 @@ import torch
 
 from fastrl.proc import run_child, start_process_server
 from fastrl.seeding import SEED_BITS, derive_seed, env_seed, episode_seed, process_seed
-from helpers import TrainRun
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
+from helpers import TEST_ENVS_ON_PATH, TrainRun
 
 
 # --------------------------------------------------------------------------------------
@@ -105,11 +103,10 @@ def _episodes(log_dir) -> list:
 
 def _train(tmp_path, log_dir, frames: int, *extra):
     os.makedirs(log_dir, exist_ok=True)
-    pythonpath = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
     run = TrainRun(["--env", "seed_log_env:SeedLogEnv-v0", "--train_dir", str(tmp_path), "--plan", "off",
                     "--num_workers", "2", "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "64",
                     "--train_for_env_frames", str(frames), "--status_every_seconds", "1", *extra],
-                   env={"PYTHONPATH": pythonpath, "SEED_LOG_DIR": str(log_dir)})
+                   env={**TEST_ENVS_ON_PATH, "SEED_LOG_DIR": str(log_dir)})
     assert run.wait(timeout=90) == 0, run.output()
     return _episodes(log_dir)
 
