@@ -83,18 +83,26 @@ class RolloutWorker:
         if self.t[s] < self.T:
             return True
         b, old = self.ctx.buffers, self.buf[s]
-        self.ctx.held_buffers.set(self.index, s, -1)
+        # The next trajectory starts where this one ends, so its first row is row T
+        # of `old`. Copy that row out *before* handing `old` over: once it is on the
+        # queue the learner may gather and free it, and another split may take it and
+        # overwrite it, all while this worker still waits for a free buffer. (A copy
+        # rather than taking the next buffer first: holding two buffers would delay
+        # `old` reaching the learner by however long the wait for a free one is.)
         with self.timer("comm_s"):
+            carry_obs = {k: v[old, self.T].clone() for k, v in b.obs.items()}
+            carry_start = b.episode_start[old, self.T].clone()
+            self.ctx.held_buffers.set(self.index, s, -1)
             self.ctx.traj_queue.put(old, block=True, timeout=10.0)
         new = self._take_free_buffer()
         if new is None:
             return False
         self.ctx.held_buffers.set(self.index, s, new)
         with self.timer("comm_s"):
-            for k in b.obs:
-                b.obs[k][new, 0] = b.obs[k][old, self.T]
-            b.episode_start[new, 0] = b.episode_start[old, self.T]
-            b.rnn_state0[new] = rnn_state * ~b.episode_start[old, self.T, :, None]
+            for k, row in carry_obs.items():
+                b.obs[k][new, 0] = row
+            b.episode_start[new, 0] = carry_start
+            b.rnn_state0[new] = rnn_state * ~carry_start[:, None]
         self.buf[s], self.t[s] = new, 0
         return True
 

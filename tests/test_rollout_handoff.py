@@ -1,0 +1,121 @@
+"""A rollout worker's hand-off of a full trajectory buffer, and what it stores per
+action: the next trajectory must begin with this env's own last row, and every
+action must carry the version and log-prob of the weights that chose it."""
+import queue
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from fastrl.buffers import TrajectoryBuffers
+from fastrl.config import Config
+from fastrl.distributions import ActionSpec
+from fastrl.inference import LocalPolicy, build_model
+from fastrl.model import flat_state, flat_state_size, obs_layout
+from fastrl.params import SharedParams, StopFlag
+from fastrl.rollout_worker import RolloutWorker
+from fastrl.stats_board import StatsBoard
+from fastrl.supervision import HeldBuffers
+
+ROLLOUT, ENVS = 4, 2
+
+
+class ListQueue:
+    """The two calls a worker makes on a faster-fifo queue, over a plain list;
+    `on_put` runs after every put, standing in for what other processes do then."""
+
+    def __init__(self, items=(), on_put=None):
+        self.items, self.on_put = list(items), on_put
+
+    def put(self, item, block=True, timeout=None):
+        self.items.append(item)
+        if self.on_put:
+            self.on_put(item)
+
+    def get_many(self, block=False, max_messages_to_get=1_000_000_000):
+        if not self.items:
+            raise queue.Empty
+        taken, self.items = self.items[:max_messages_to_get], self.items[max_messages_to_get:]
+        return taken
+
+
+def _worker(num_buffers=3, on_put=None):
+    cfg = Config(env="CartPole-v1", num_workers=1, num_envs_per_worker=ENVS, rollout=ROLLOUT,
+                 batch_size=ROLLOUT * ENVS, num_minibatches=1)
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    action_spec = ActionSpec.from_space(env.action_space)
+    buffers = TrajectoryBuffers(num_buffers, ROLLOUT, ENVS, obs_layout(env.observation_space),
+                                action_spec.action_dim, action_spec.dtype, rnn_size=0)
+    model = build_model(cfg, env.observation_space, env.action_space)
+    params = SharedParams(flat_state_size(model))
+    params.publish(flat_state(model), 0)
+    ctx = SimpleNamespace(
+        obs_space=env.observation_space, action_space=env.action_space, action_spec=action_spec,
+        buffers=buffers, params=params, board=StatsBoard(["rollout_0"]), stop=StopFlag(),
+        free_queue=ListQueue(range(num_buffers)), traj_queue=ListQueue(on_put=on_put),
+        held_buffers=HeldBuffers(1, 1),
+    )
+    env.close()
+    return RolloutWorker(cfg, 0, ctx), ctx
+
+
+def test_next_trajectory_starts_from_this_envs_last_row_even_if_the_buffer_is_reused_at_once():
+    # What the hand-off must survive: the moment a full buffer is on the queue, the
+    # learner gathers and frees it, and another split takes it and writes over it
+    # before this worker has even been given its next buffer.
+    def learner_frees_and_another_split_overwrites(buf):
+        ctx.traj_queue.items.remove(buf)
+        for k in ctx.buffers.obs:
+            ctx.buffers.obs[k][buf].fill_(-7.0)
+        ctx.buffers.episode_start[buf].fill_(True)
+        ctx.free_queue.items.append(buf)
+
+    worker, ctx = _worker(on_put=learner_frees_and_another_split_overwrites)
+    try:
+        assert worker._start_splits()
+        b, old = ctx.buffers, worker.buf[0]
+        for t in range(ROLLOUT):
+            worker._step_envs(0)  # random-free: actions stay 0, CartPole steps fine
+            if t < ROLLOUT - 1:
+                assert worker._advance(0, torch.zeros(ENVS, 0))
+        last_obs = b.obs["obs"][old, ROLLOUT].clone()
+        last_start = b.episode_start[old, ROLLOUT].clone()
+        assert not torch.all(last_obs == -7.0)
+
+        assert worker._advance(0, torch.zeros(ENVS, 0))
+        new = worker.buf[0]
+        assert new != old and worker.t[0] == 0
+        assert torch.equal(b.obs["obs"][new, 0], last_obs)
+        assert torch.equal(b.episode_start[new, 0], last_start)
+    finally:
+        for split in worker.splits:
+            split.close()
+
+
+def test_each_action_carries_the_version_and_log_prob_of_the_weights_that_chose_it():
+    worker, ctx = _worker()
+    try:
+        assert worker._start_splits()
+        policy = LocalPolicy(worker.cfg, ctx, worker.row)
+        b, buf = ctx.buffers, worker.buf[0]
+        models = {}
+        for t in range(ROLLOUT):
+            # The learner publishes new weights between every two steps of the rollout.
+            fresh = build_model(worker.cfg, ctx.obs_space, ctx.action_space)
+            ctx.params.publish(flat_state(fresh), t + 10)
+            models[t] = fresh
+            policy.act_into(buf, t, torch.zeros(ENVS, 0))
+            worker._step_envs(0)
+            worker.t[0] += 1
+        assert b.policy_version[buf].tolist() == [[t + 10] * ENVS for t in range(ROLLOUT)]
+        for t, model in models.items():
+            with torch.no_grad():
+                dist = model._distribution(model._core_step(model._encode({"obs": b.obs["obs"][buf, t]}),
+                                                            torch.zeros(ENVS, 0))[0])
+                want = dist.log_prob(b.actions[buf, t])
+            np.testing.assert_allclose(b.behaviour_logp[buf, t].numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    finally:
+        for split in worker.splits:
+            split.close()
