@@ -103,7 +103,15 @@ class APPOLoss(NamedTuple):
     clip_fraction: torch.Tensor
     approx_kl: torch.Tensor  # KL(behaviour || current), estimator mean((ratio - 1) - log_ratio)
     advantage_mean: torch.Tensor  # before normalization
+    advantage_std: torch.Tensor  # before normalization
     explained_variance: torch.Tensor  # of the V-trace targets by the values; nan if targets are constant
+    exploration: torch.Tensor  # mean of exploration_t, or -entropy when none was given
+    value_target_mean: torch.Tensor  # of the V-trace targets, in return units
+    value_target_std: torch.Tensor
+    vs_tm1: torch.Tensor  # [T, B] V-trace targets in return units (for a return normalizer); not a log stat
+
+
+STAT_FIELDS = tuple(name for name in APPOLoss._fields if name not in ("total", "vs_tm1"))
 
 
 def appo_loss(
@@ -124,6 +132,10 @@ def appo_loss(
     value_coef,
     entropy_coef,
     normalize_adv,
+    lambda_=1.0,
+    exploration_t=None,
+    value_mean=0.0,
+    value_std=1.0,
 ):
     """The learner's loss for one batch of trajectories.
 
@@ -132,7 +144,18 @@ def appo_loss(
     grad); `behaviour_logp_t` is what the acting policy recorded; `v_final_t` is the
     value of the final observation on truncated steps (0 elsewhere).
 
-        total = policy_loss + value_coef * value_loss + entropy_coef * entropy_loss
+        total = policy_loss + value_coef * value_loss + entropy_coef * exploration
+
+    The exploration term is -mean(entropy_t) by default, or mean(exploration_t)
+    when given (a per-sample penalty with grad, such as a KL to the uniform policy,
+    whose pull does not fade as the policy sharpens the way entropy's does).
+
+    Return normalisation: with value_mean / value_std (a running estimate of the
+    targets' statistics), `values` are the model's normalised outputs. V-trace runs
+    on values mapped back to return units, v * value_std + value_mean, and the value
+    loss regresses `values` onto the targets normalised the same way, so its scale
+    no longer depends on the env's reward scale. `v_final_t` is in return units.
+    lambda_ is V-trace's lambda (fastrl.vtrace.vtrace).
 
     The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
     logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace vs.
@@ -152,6 +175,7 @@ def appo_loss(
     valid_t = valid_t.to(r_t.dtype)
     v_tm1, v_t = values[:-1], values[1:]
     log_ratio_t = logp_t - behaviour_logp_t.detach()
+    raw_values = values.detach() * value_std + value_mean
 
     with torch.no_grad():
         # A step that both terminated and truncated ended for real: no bootstrap.
@@ -162,17 +186,25 @@ def appo_loss(
         # stale (or foreign) for its importance weight to mean anything, so earlier
         # samples bootstrap from the current V(s_t) instead of through its data.
         log_rho_t = torch.where(valid_t > 0, log_ratio_t, -torch.inf)
-        returns = vtrace(v_tm1.detach(), v_t.detach(), r_t, discount_t, log_rho_t, rho_bar=rho_bar, c_bar=c_bar)
+        returns = vtrace(raw_values[:-1], raw_values[1:], r_t, discount_t, log_rho_t,
+                         rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
         adv_t = returns.pg_advantage_t
         if normalize_adv:
             adv_t = normalize_advantages(adv_t, valid_t)
 
     policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t)
-    value = value_loss(v_tm1, returns.vs_tm1, valid_t)
+    value = value_loss(v_tm1, (returns.vs_tm1 - value_mean) / value_std, valid_t)
     entropy = entropy_loss(entropy_t, valid_t)
-    total = policy.loss + value_coef * value + entropy_coef * entropy
+    if exploration_t is None:
+        exploration = entropy
+    else:
+        check_time_major(exploration_t=exploration_t, valid_t=valid_t)
+        exploration = _masked_mean(exploration_t, valid_t)
+    total = policy.loss + value_coef * value + entropy_coef * exploration
 
     with torch.no_grad():
+        adv_mean = _masked_mean(returns.pg_advantage_t, valid_t)
+        target_mean = _masked_mean(returns.vs_tm1, valid_t)
         return APPOLoss(
             total=total,
             policy_loss=policy.loss.detach(),
@@ -180,6 +212,11 @@ def appo_loss(
             entropy=-entropy.detach(),
             clip_fraction=policy.clip_fraction,
             approx_kl=_masked_mean(torch.expm1(log_ratio_t) - log_ratio_t, valid_t),
-            advantage_mean=_masked_mean(returns.pg_advantage_t, valid_t),
-            explained_variance=_explained_variance(v_tm1.detach(), returns.vs_tm1, valid_t),
+            advantage_mean=adv_mean,
+            advantage_std=_masked_mean((returns.pg_advantage_t - adv_mean) ** 2, valid_t).sqrt(),
+            explained_variance=_explained_variance(raw_values[:-1], returns.vs_tm1, valid_t),
+            exploration=exploration.detach(),
+            value_target_mean=target_mean,
+            value_target_std=_masked_mean((returns.vs_tm1 - target_mean) ** 2, valid_t).sqrt(),
+            vs_tm1=returns.vs_tm1,
         )

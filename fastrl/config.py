@@ -78,6 +78,18 @@ class Config:
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
     max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest.")
+    vtrace_lambda: float = _opt(1.0, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
+                                "as GAE's lambda does (on-policy, V-trace with lambda is GAE(lambda)); 1 = the paper's V-trace.")
+    normalize_returns: bool = _opt(False, "Keep running statistics of the value targets and train the value head on their "
+                                   "z-scores, so the value loss's scale does not depend on the env's reward scale.")
+    exploration_loss: str = _opt("entropy", "Exploration term weighted by --entropy_coef: 'entropy' (a bonus whose pull fades as the "
+                                 "policy turns deterministic) or 'symmetric_kl' (a penalty on KL(p||uniform) + KL(uniform||p), "
+                                 "which keeps pulling; discrete actions only).", choices=("entropy", "symmetric_kl"))
+    lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant'; 'linear' decays --lr to 0 at "
+                            "--train_for_env_frames (needs that budget); 'kl_adaptive' divides it by 1.5 after an update "
+                            "whose approximate KL exceeded 2 x --lr_kl_target and multiplies it by 1.5 below half of it.",
+                            choices=("constant", "linear", "kl_adaptive"))
+    lr_kl_target: float = _opt(0.008, "KL per update that --lr_schedule kl_adaptive steers towards.")
 
     # --- model --------------------------------------------------------------------------
     hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
@@ -176,6 +188,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--worker_nice is {cfg.worker_nice} but Linux niceness lies in 0-19 (0 = the learner's own).")
     if not 0.0 <= cfg.gamma <= 1.0:
         raise ConfigError(f"--gamma is {cfg.gamma} but must lie in [0, 1].")
+    if not 0.0 <= cfg.vtrace_lambda <= 1.0:
+        raise ConfigError(f"--vtrace_lambda is {cfg.vtrace_lambda} but must lie in [0, 1].")
+    if cfg.lr_schedule == "linear" and not cfg.train_for_env_frames:
+        raise ConfigError("--lr_schedule linear decays the learning rate to 0 at --train_for_env_frames; "
+                          "set that budget or choose --lr_schedule constant or kl_adaptive.")
+    if cfg.lr_kl_target <= 0:
+        raise ConfigError(f"--lr_kl_target is {cfg.lr_kl_target} but must be positive.")
     try:
         sizes = cfg.hidden_size_tuple
     except ValueError:

@@ -43,6 +43,7 @@ SUPPORTED_SPACES = "Discrete, MultiDiscrete, Tuple of Discrete, Box"
 # far outside any sane bounds). The clamp only bites on a degenerate optimiser run.
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+SYMMETRIC_KL_CAP = 30.0  # nats; a uniform-ish policy sits near 0, a collapsed one far above
 
 
 class CategoricalProduct:
@@ -88,6 +89,22 @@ class CategoricalProduct:
         for log_p in self._log_probs:
             total = total - (log_p.exp() * log_p).sum(dim=(1, 2))
         return total
+
+    def symmetric_kl_to_uniform(self) -> torch.Tensor:
+        """KL(p || u) + KL(u || p) [B] to the uniform policy u, summed over components,
+        capped at SYMMETRIC_KL_CAP per sample.
+
+        Per component of n actions: sum_a p_a log p_a - (1/n) sum_a log p_a. Unlike
+        the entropy, whose gradient vanishes as p turns deterministic, the second
+        term grows without bound as any p_a -> 0, so it keeps every action's
+        probability away from zero; the cap keeps one collapsed sample from
+        dominating a batch's gradient.
+        """
+        total = 0.0
+        for log_p in self._log_probs:
+            size = log_p.shape[-1]
+            total = total + ((log_p.exp() * log_p).sum(-1) - log_p.sum(-1) / size).sum(-1)
+        return total.clamp(max=SYMMETRIC_KL_CAP)
 
 
 class DiagGaussian:

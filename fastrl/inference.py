@@ -33,6 +33,7 @@ def build_model(cfg, obs_space, action_space) -> ActorCritic:
         normalize_obs=cfg.normalize_obs,
         separate_critic=cfg.separate_critic,
         conv_bf16=resolve_precision(cfg) == "bf16",
+        normalize_returns=cfg.normalize_returns,
     )
 
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from fastrl.appo_loss import appo_loss
+from fastrl.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.checkpoint import load_checkpoint, save_checkpoint
 from fastrl.inference import build_model
 from fastrl.model import flat_state, load_flat_state
@@ -21,6 +21,8 @@ from fastrl.stats_board import Timer
 QUEUE_TIMEOUT_S = 0.1
 METRICS_EVERY_S = 1.0
 MAX_NONFINITE_IN_A_ROW = 20
+# --lr_schedule kl_adaptive: the factor per adjustment and the range the rate stays in.
+KL_ADAPT_FACTOR, KL_ADAPT_MIN_LR, KL_ADAPT_MAX_LR = 1.5, 1e-6, 1e-2
 
 
 class NonFiniteLossError(RuntimeError):
@@ -100,7 +102,13 @@ class Learner:
         valid = (lag <= cfg.max_policy_lag).float()
         self._record_lag(lag, valid)
         if cfg.normalize_obs:
-            self.model.update_normalizer({k: v[:-1].flatten(0, 1) for k, v in batch["obs"].items()})
+            # Only the samples that will be trained on: a dropped sample's observations
+            # came from a stale policy's state distribution, like its actions.
+            keep = valid.bool()
+            self.model.update_normalizer({k: v[:-1][keep] for k, v in batch["obs"].items()})
+        if cfg.lr_schedule == "linear":
+            frames = self.ctx.board.total("env_frames", "rollout_") + self.frames_offset
+            self._set_lr(cfg.lr * max(0.0, 1.0 - frames / cfg.train_for_env_frames))
 
         B = batch["rewards"].shape[1]
         mb = B // cfg.num_minibatches
@@ -124,7 +132,20 @@ class Learner:
             self._skip_nonfinite()
             return
         self._nonfinite_in_a_row = 0
+        if self.cfg.lr_schedule == "kl_adaptive":
+            self._adapt_lr(float(out.approx_kl))
         self._note_metrics(out, grad_norm)
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _adapt_lr(self, kl: float) -> None:
+        lr, target = self.optimizer.param_groups[0]["lr"], self.cfg.lr_kl_target
+        if kl > 2.0 * target:
+            self._set_lr(max(lr / KL_ADAPT_FACTOR, KL_ADAPT_MIN_LR))
+        elif kl < 0.5 * target:
+            self._set_lr(min(lr * KL_ADAPT_FACTOR, KL_ADAPT_MAX_LR))
 
     def _skip_nonfinite(self) -> None:
         self.row.add("nonfinite_skips", 1)
@@ -147,7 +168,7 @@ class Learner:
         if now - self._last_metrics < METRICS_EVERY_S:
             return
         self._last_metrics = now
-        metrics = {k: float(v) for k, v in out._asdict().items() if k != "total"} if hasattr(out, "_asdict") else {}
+        metrics = {name: float(getattr(out, name)) for name in STAT_FIELDS}
         metrics.update(loss=out.total.item(), grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
                        learner_steps=self.version)
         try:
@@ -176,12 +197,15 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
     profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
     loss or gradient was not finite and the step was skipped."""
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
+    value_mean, value_std = model.value_scale()
     out = appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
         r_t=mb["rewards"] * cfg.reward_scale, terminated_t=mb["terminated"].float(),
         truncated_t=mb["truncated"].float(), v_final_t=final_values(model, mb, ev), entropy_t=ev.entropy,
         valid_t=valid, gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
         value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
+        lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl if cfg.exploration_loss == "symmetric_kl" else None,
+        value_mean=value_mean, value_std=value_std,
     )
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
@@ -190,13 +214,16 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
         optimizer.zero_grad(set_to_none=True)
         return None, grad_norm
     optimizer.step()
+    if model.return_norm is not None:
+        model.return_norm.update(out.vs_tm1[valid > 0])
     return out, grad_norm
 
 
 @torch.no_grad()
 def final_values(model, mb: dict, ev) -> torch.Tensor:
     """Value of the last obs of each time-limit-truncated episode (zeros
-    elsewhere), under the current params: the bootstrap a cut episode is owed."""
+    elsewhere), under the current params and in return units: the bootstrap a cut
+    episode is owed."""
     truncated = mb["truncated"]
     v_final = torch.zeros_like(mb["rewards"])
     if not truncated.any():
@@ -206,7 +233,8 @@ def final_values(model, mb: dict, ev) -> torch.Tensor:
     obs = {k: v[rows] for k, v in mb["final_obs"].items()}
     # The GRU state carried out of step t, before the reset the next episode applies.
     rnn = ev.rnn_states[t_idx + 1, b_idx]
-    v_final[t_idx, b_idx] = model.values_with_state(obs, rnn)
+    value_mean, value_std = model.value_scale()
+    v_final[t_idx, b_idx] = model.values_with_state(obs, rnn) * value_std + value_mean
     return v_final
 
 

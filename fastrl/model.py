@@ -20,7 +20,7 @@ state where an episode begins. Inference and learner unroll share `_encode` and
 
 import copy
 import math
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -294,6 +294,7 @@ class EvalOutput(NamedTuple):
     values: torch.Tensor
     core_out: torch.Tensor
     rnn_states: torch.Tensor
+    uniform_kl: Optional[torch.Tensor]  # [T, B] symmetric KL to the uniform policy; None for Box actions
 
 
 class ActorCritic(nn.Module):
@@ -310,6 +311,8 @@ class ActorCritic(nn.Module):
             `update_normalizer`.
         conv_bf16: run image encoders in bfloat16 (see ConvEncoder); worth it only
             where the hardware has native bf16 (inference.resolve_precision decides).
+        normalize_returns: keep running statistics of the value targets; the value
+            head then predicts normalised values and `value_scale()` maps them back.
         separate_critic: give the value head its own feed-forward encoders instead of
             sharing the policy's encoders and core. Sharing halves the compute (what
             image models want); separate weights keep the value loss, whose scale
@@ -331,6 +334,7 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = False,
         separate_critic: bool = False,
         conv_bf16: bool = False,
+        normalize_returns: bool = False,
     ):
         super().__init__()
         self.conv_bf16 = conv_bf16
@@ -360,7 +364,16 @@ class ActorCritic(nn.Module):
         self.log_std = None
         if self.action_spec.is_continuous:
             self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
+        # Statistics of the value targets in return units, fed by the learner.
+        self.return_norm = RunningNorm(()) if normalize_returns else None
         self._init_weights()
+
+    def value_scale(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std): the value head's output v stands for v * std + mean in return
+        units; (0, 1) without return normalisation."""
+        if self.return_norm is None:
+            return self.value_head.bias.new_zeros(()), self.value_head.bias.new_ones(())
+        return self.return_norm.mean, torch.sqrt(self.return_norm.var + NORM_EPS)
 
     def _build_encoders(self, obs_space, hidden_sizes, activation, normalize_obs) -> nn.ModuleList:
         # A ModuleList in layout order rather than a ModuleDict: Dict keys may hold
@@ -502,7 +515,8 @@ class ActorCritic(nn.Module):
         flat_actions = actions.reshape(horizon * batch, -1)
         logp = dist.log_prob(flat_actions).view(horizon, batch)
         entropy = dist.entropy().view(horizon, batch)
-        return EvalOutput(logp, entropy, values, core_flat.view(steps, batch, -1), rnn_states)
+        uniform_kl = None if self.action_spec.is_continuous else dist.symmetric_kl_to_uniform().view(horizon, batch)
+        return EvalOutput(logp, entropy, values, core_flat.view(steps, batch, -1), rnn_states, uniform_kl)
 
     def values_with_state(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> torch.Tensor:
         """Values [N] of extra observations {key: [N, *shape]} given their states [N, H].

@@ -135,6 +135,9 @@ def prepare_experiment(cfg: Config, explicit: set):
         env = spec.make(seed=cfg.seed, **env_options(cfg))
     try:
         obs_space, action_space = env.observation_space, env.action_space
+        if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
+            raise ConfigError(f"--exploration_loss symmetric_kl needs discrete actions, but {cfg.env} has "
+                              f"{action_space}; use --exploration_loss entropy.")
         plan = make_plan(cfg, explicit, env, resuming=state is not None)
     finally:
         env.close()

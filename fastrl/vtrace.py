@@ -82,29 +82,37 @@ def _backward_accumulate(x_t, coef_t):
 
 
 @torch.no_grad()
-def vtrace(v_tm1, v_t, r_t, discount_t, log_rho_t, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None):
-    """V-trace targets and policy-gradient advantages (Espeholt et al. 2018, lambda = 1).
+def vtrace(v_tm1, v_t, r_t, discount_t, log_rho_t, rho_bar=1.0, c_bar=1.0, pg_rho_bar=None, lambda_=1.0):
+    """V-trace targets and policy-gradient advantages (Espeholt et al. 2018), with
+    the paper's lambda (section 4.2) folded into the trace coefficients.
 
-    With rho_t = min(rho_bar, pi/mu) and c_t = min(c_bar, pi/mu), pi/mu = exp(log_rho_t):
+    With rho_t = min(rho_bar, pi/mu) and c_t = lambda_ * min(c_bar, pi/mu), pi/mu = exp(log_rho_t):
 
         delta_t = rho_t * (r_t + discount_t * v_t - v_tm1)
         vs_tm1 - v_tm1 = acc_t,   acc_t = delta_t + discount_t * c_t * acc_{t+1},   acc_T = 0
-        pg_advantage_t = min(pg_rho_bar, pi/mu) * (r_t + discount_t * vs_t - v_tm1)
+        q_t = lambda_ * vs_t + (1 - lambda_) * v_t
+        pg_advantage_t = min(pg_rho_bar, pi/mu) * (r_t + discount_t * q_t - v_tm1)
 
     where vs_t is vs_tm1 shifted one step forward, bootstrapped with v_t[-1] at the
-    end. `pg_rho_bar` defaults to `rho_bar`. Returns detached `VTraceReturns`.
+    end. Mixing the advantage's bootstrap q_t with the same lambda makes the
+    on-policy case (pi = mu) exactly GAE(lambda) for the advantages and the
+    lambda-returns for the targets; lambda_ = 1 is the paper's default V-trace.
+    `pg_rho_bar` defaults to `rho_bar`. Returns detached `VTraceReturns`.
     """
     check_time_major(v_tm1=v_tm1, v_t=v_t, r_t=r_t, discount_t=discount_t, log_rho_t=log_rho_t)
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ is {lambda_} but must lie in [0, 1].")
     if pg_rho_bar is None:
         pg_rho_bar = rho_bar
     rho = torch.exp(log_rho_t)
     rho_t = rho.clamp(max=rho_bar)
-    c_t = rho.clamp(max=c_bar)
+    c_t = lambda_ * rho.clamp(max=c_bar)
     delta_t = rho_t * (r_t + discount_t * v_t - v_tm1)
     vs_tm1 = v_tm1 + _backward_accumulate(delta_t, discount_t * c_t)
     # At an episode end vs_t[t] is the next episode's target, but discount_t = 0 there.
     vs_t = torch.cat([vs_tm1[1:], v_t[-1:]], dim=0)
-    pg_advantage_t = rho.clamp(max=pg_rho_bar) * (r_t + discount_t * vs_t - v_tm1)
+    q_t = vs_t if lambda_ == 1.0 else lambda_ * vs_t + (1.0 - lambda_) * v_t
+    pg_advantage_t = rho.clamp(max=pg_rho_bar) * (r_t + discount_t * q_t - v_tm1)
     return VTraceReturns(vs_tm1, pg_advantage_t)
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fastrl.appo_loss import (
+    STAT_FIELDS,
     appo_loss,
     entropy_loss,
     normalize_advantages,
@@ -144,7 +145,9 @@ def test_normalize_advantages_uses_valid_samples_only():
 
 def test_appo_loss_outputs():
     out = appo_loss(**batch(), **HPARAMS)
-    for name, value in out._asdict().items():
+    assert out.vs_tm1.shape == (T, B) and not out.vs_tm1.requires_grad
+    for name in STAT_FIELDS + ("total",):
+        value = getattr(out, name)
         assert value.shape == (), name
         assert torch.isfinite(value), name
         assert value.requires_grad == (name == "total"), name
@@ -221,6 +224,43 @@ def test_appo_approx_kl_and_clip_fraction():
     assert on_policy.approx_kl.item() == 0.0 and on_policy.clip_fraction.item() == 0.0
     off_policy = appo_loss(**b, **HPARAMS)
     assert off_policy.approx_kl.item() > 0.0 and off_policy.clip_fraction.item() > 0.0
+
+
+def test_return_normalisation_changes_only_the_value_losss_scale():
+    # The same values in return units, once raw and once as a normaliser's outputs:
+    # V-trace, advantages and the policy loss must not move; the value loss is the
+    # squared error in normalised units, the raw one over std^2.
+    b, mean, std = batch(6), 3.0, 2.5
+    raw = appo_loss(**b, **HPARAMS)
+    normalised = dict(b, values=((b["values"].detach() - mean) / std).requires_grad_())
+    out = appo_loss(**normalised, **HPARAMS, value_mean=mean, value_std=std)
+    for name in ("policy_loss", "advantage_mean", "advantage_std", "explained_variance", "approx_kl",
+                 "value_target_mean", "value_target_std", "vs_tm1"):
+        torch.testing.assert_close(getattr(out, name), getattr(raw, name), msg=name)
+    torch.testing.assert_close(out.value_loss, raw.value_loss / std**2)
+
+
+def test_vtrace_lambda_reaches_the_advantages():
+    b = batch(7)
+    out = appo_loss(**b, **dict(HPARAMS, normalize_adv=False), lambda_=0.9)
+    with torch.no_grad():
+        r = bootstrap_truncation(b["r_t"], b["truncated_t"], b["v_final_t"], 0.9)
+        discount = episode_discounts(b["terminated_t"], b["truncated_t"], 0.9)
+        v = b["values"]
+        ret = vtrace(v[:-1], v[1:], r, discount, b["logp_t"] - b["behaviour_logp_t"], lambda_=0.9)
+    torch.testing.assert_close(out.vs_tm1, ret.vs_tm1)
+    torch.testing.assert_close(out.advantage_mean, ret.pg_advantage_t.mean())
+
+
+def test_an_exploration_penalty_replaces_the_entropy_bonus():
+    b = batch(8)
+    penalty = torch.rand(T, B, requires_grad=True)
+    out = appo_loss(**b, **HPARAMS, exploration_t=penalty)
+    torch.testing.assert_close(out.exploration, penalty.detach().mean())
+    torch.testing.assert_close(
+        out.total, out.policy_loss + HPARAMS["value_coef"] * out.value_loss + HPARAMS["entropy_coef"] * out.exploration)
+    (g,) = grads(out.total, penalty)
+    torch.testing.assert_close(g, torch.full((T, B), HPARAMS["entropy_coef"] / (T * B)))
 
 
 def test_appo_shape_errors():

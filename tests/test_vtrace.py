@@ -68,10 +68,12 @@ def ref_delta(ro, s, b):
     return ro["rewards"][s, b] + (GAMMA * next_v if next_v is not None else 0.0) - ro["values"][s, b]
 
 
-def ref_vtrace(ro, rho_bar, c_bar, pg_rho_bar):
-    """Espeholt et al. 2018, eq. (1) as an explicit n-step sum, and the pg advantage of sec. 4.2."""
+def ref_vtrace(ro, rho_bar, c_bar, pg_rho_bar, lam=1.0):
+    """Espeholt et al. 2018, eq. (1) as an explicit n-step sum with lambda in every trace
+    coefficient (their sec. 4.2), and the pg advantage bootstrapping from
+    lambda * v_{s+1} + (1 - lambda) * V(x_{s+1})."""
     ratio = np.exp(ro["log_rho"])
-    rho, c, pg_rho = np.minimum(rho_bar, ratio), np.minimum(c_bar, ratio), np.minimum(pg_rho_bar, ratio)
+    rho, c, pg_rho = np.minimum(rho_bar, ratio), lam * np.minimum(c_bar, ratio), np.minimum(pg_rho_bar, ratio)
     vs = np.zeros((T, B))
     adv = np.zeros((T, B))
     for b in range(B):
@@ -87,7 +89,7 @@ def ref_vtrace(ro, rho_bar, c_bar, pg_rho_bar):
             elif ro["truncated"][t, b] or t == T - 1:
                 next_target = ref_next_value(ro, t, b)  # nothing observed beyond: its value
             else:
-                next_target = vs[t + 1, b]
+                next_target = lam * vs[t + 1, b] + (1 - lam) * ro["values"][t + 1, b]
             adv[t, b] = pg_rho[t, b] * (ro["rewards"][t, b] + GAMMA * next_target - ro["values"][t, b])
     return vs, adv
 
@@ -111,16 +113,17 @@ def assert_close64(actual, expected):
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(
-    "rho_bar,c_bar,pg_rho_bar",
-    [(1.0, 1.0, None), (2.0, 0.9, None), (1.0, 1.0, 1.5), (math.inf, math.inf, None)],
+    "rho_bar,c_bar,pg_rho_bar,lam",
+    [(1.0, 1.0, None, 1.0), (2.0, 0.9, None, 1.0), (1.0, 1.0, 1.5, 1.0), (math.inf, math.inf, None, 1.0),
+     (1.0, 1.0, None, 0.95), (2.0, 0.9, 1.5, 0.5), (1.0, 1.0, None, 0.0)],
 )
-def test_vtrace_matches_reference(seed, rho_bar, c_bar, pg_rho_bar):
+def test_vtrace_matches_reference(seed, rho_bar, c_bar, pg_rho_bar, lam):
     ro = random_rollout(seed)
     ratio = np.exp(ro["log_rho"])
     assert (ratio < min(1.0, c_bar)).any() and (ratio > 2.0).any(), "need ratios on both sides of the clips"
     inputs, log_rho_t = module_inputs(ro)
-    out = vtrace(**inputs, log_rho_t=log_rho_t, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
-    ref_vs, ref_adv = ref_vtrace(ro, rho_bar, c_bar, rho_bar if pg_rho_bar is None else pg_rho_bar)
+    out = vtrace(**inputs, log_rho_t=log_rho_t, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, lambda_=lam)
+    ref_vs, ref_adv = ref_vtrace(ro, rho_bar, c_bar, rho_bar if pg_rho_bar is None else pg_rho_bar, lam)
     assert_close64(out.vs_tm1, ref_vs)
     assert_close64(out.pg_advantage_t, ref_adv)
 
@@ -172,6 +175,34 @@ def test_on_policy_vtrace_equals_lambda_one_returns(seed):
     adv = gae(**inputs, lambda_=1.0)
     assert_close64(out.vs_tm1, adv + inputs["v_tm1"])
     assert_close64(out.pg_advantage_t, adv)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("lam", [0.0, 0.8, 0.95])
+def test_on_policy_vtrace_with_lambda_equals_gae(seed, lam):
+    inputs, log_rho_t = module_inputs(random_rollout(seed))
+    out = vtrace(**inputs, log_rho_t=torch.zeros_like(log_rho_t), rho_bar=1.0, c_bar=1.0, lambda_=lam)
+    adv = gae(**inputs, lambda_=lam)
+    assert_close64(out.vs_tm1, adv + inputs["v_tm1"])
+    assert_close64(out.pg_advantage_t, adv)
+
+
+def test_vtrace_lambda_golden():
+    # The golden case above with lambda = 0.5: c = 0.5 * min(0.8, pi/mu) = 0.4, 0.25, 0.4
+    # acc_2 = 2.6;  acc_1 = 0.35 + 0.9*0.25*2.6 = 0.935;  acc_0 = 1.8 + 0.9*0.4*0.935 = 2.1366
+    # vs = 3.1366, 2.935, 5.6
+    # q_t mixes the next state's target and value: q_0 = 0.5*vs_1 + 0.5*V(s_1) = 0.5*2.935 + 0.5*2 = 2.4675
+    #                                              q_1 = 0.5*vs_2 + 0.5*V(s_2) = 0.5*5.6   + 0.5*3 = 4.3
+    # adv_0 = 1   * (1 + 0.9*2.4675 - 1) = 2.22075
+    # adv_1 = 0.5 * (0 + 0.9*4.3    - 2) = 0.935
+    # adv_2 = 1   * (2 + 0.9*4      - 3) = 2.6     (bootstrap V(s_3))
+    col = lambda *x: torch.tensor(x, dtype=torch.float64)[:, None]  # noqa: E731
+    out = vtrace(
+        v_tm1=col(1, 2, 3), v_t=col(2, 3, 4), r_t=col(1, 0, 2), discount_t=col(0.9, 0.9, 0.9),
+        log_rho_t=torch.log(col(2, 0.5, 1)), rho_bar=1.0, c_bar=0.8, lambda_=0.5,
+    )
+    assert_close64(out.vs_tm1, col(3.1366, 2.935, 5.6))
+    assert_close64(out.pg_advantage_t, col(2.22075, 0.935, 2.6))
 
 
 def test_truncation_bootstraps_and_termination_does_not():
@@ -227,6 +258,8 @@ def test_shape_errors():
         vtrace(good, good, short, good, good)
     with pytest.raises(ValueError, match=r"log_rho_t has shape \(5,\)"):
         vtrace(good, good, good, good, torch.zeros(5))
+    with pytest.raises(ValueError, match=r"lambda_ is 1.5 but must lie in \[0, 1\]"):
+        vtrace(good, good, good, good, good, lambda_=1.5)
     with pytest.raises(ValueError, match="must be"):
         gae(good, short, good, good, 0.9)
     with pytest.raises(ValueError, match="must be"):
