@@ -98,8 +98,7 @@ class Learner:
     def train_on(self, batch: dict) -> None:
         cfg, dev = self.cfg, self.device
         batch = _to_device(batch, dev)
-        lag = (self.version - batch["policy_version"]).float()
-        valid = (lag <= cfg.max_policy_lag).float()
+        lag, valid = lag_mask(self.version, batch["policy_version"], cfg.max_policy_lag)
         self._record_lag(lag, valid)
         if cfg.normalize_obs:
             # Only the samples that will be trained on: a dropped sample's observations
@@ -190,6 +189,13 @@ class Learner:
             "torch_rng": torch.get_rng_state(),
         }
         return save_checkpoint(checkpoint_dir(self.cfg), state, self.version, self.cfg.keep_checkpoints)
+
+
+def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_lag: int):
+    """(lag_t, valid_t), both float [T, B]: each sample's policy lag in learner steps,
+    and 1 where it is at most `max_policy_lag` (the sample is trained on), else 0."""
+    lag_t = (learner_version - policy_version_t).float()
+    return lag_t, (lag_t <= max_policy_lag).float()
 
 
 def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):

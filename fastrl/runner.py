@@ -28,6 +28,7 @@ from fastrl.buffers import TrajectoryBuffers
 from fastrl.checkpoint import load_latest_checkpoint
 from fastrl.config import Config, ConfigError, check_env_and_options, save_config, validate
 from fastrl.distributions import ActionSpec
+from fastrl.drift import DriftWatch
 from fastrl.evaluator import evaluator_main
 from fastrl.inference import build_model
 from fastrl.learner import checkpoint_dir, learner_main
@@ -191,6 +192,7 @@ class Runner:
         self.episodes = 0
         self.reached_reward_at: Optional[float] = None
         self.metrics: dict = {}
+        self.drift = DriftWatch()
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}  # worker index -> its current process
@@ -427,6 +429,8 @@ class Runner:
                     monitor.log(self.env_frames() + self.frames_offset, elapsed, scalars_from(
                         board=self.ctx.board, metrics=self.metrics, returns=self.returns100,
                         objectives=self.objectives100, episodes=self.episodes, elapsed=elapsed, window=window), status=line)
+                    for warning in self.drift.check(self.metrics):
+                        print(f"fastrl: warning: {warning}", flush=True)
                     window = (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
                     last_status = elapsed
                     change = self.adapter.update(time.time()) if self.adapt and self.training_since else None

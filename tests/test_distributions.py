@@ -4,9 +4,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical, Normal, kl_divergence
 
-from fastrl.distributions import ActionSpec
+from fastrl.distributions import SYMMETRIC_KL_CAP, ActionSpec
 
 B = 64
 
@@ -68,6 +68,31 @@ def test_categorical_matches_reference(name):
 
     for row in actions.numpy():
         assert space.contains(spec.to_env(row)), (name, row, spec.to_env(row))
+
+
+@pytest.mark.parametrize("name", sorted(CATEGORICAL_SPACES))
+def test_symmetric_kl_to_uniform_matches_torch_kl(name):
+    space = CATEGORICAL_SPACES[name]
+    spec = ActionSpec.from_space(space)
+    logits = torch.randn(B, spec.num_params) * 2
+    got = spec.distribution(logits).symmetric_kl_to_uniform()
+    want = 0.0
+    for ref in _reference_categoricals(space, logits):
+        uniform = Categorical(logits=torch.zeros_like(ref.logits))
+        want = want + kl_divergence(ref, uniform) + kl_divergence(uniform, ref)
+    torch.testing.assert_close(got, want.clamp(max=SYMMETRIC_KL_CAP))
+
+
+def test_symmetric_kl_is_zero_at_uniform_and_capped_when_collapsed():
+    spec = ActionSpec.from_space(gym.spaces.Discrete(4))
+    uniform = spec.distribution(torch.zeros(1, 4)).symmetric_kl_to_uniform()
+    torch.testing.assert_close(uniform, torch.zeros(1), atol=1e-6, rtol=0)
+    # p = (0.5, 0.25, 0.25, ~0): KL(u||p) alone is (1/4) * log((1/4) / 1e-30) ~ 17 nats.
+    collapsed = torch.tensor([[0.5, 0.25, 0.25, 1e-30]]).log()
+    value = spec.distribution(collapsed).symmetric_kl_to_uniform()
+    assert 15.0 < value.item() <= SYMMETRIC_KL_CAP
+    very_collapsed = torch.tensor([[1.0, 1e-30, 1e-30, 1e-30]]).log()
+    assert spec.distribution(very_collapsed).symmetric_kl_to_uniform().item() == SYMMETRIC_KL_CAP
 
 
 def test_categorical_sampling_follows_probabilities():

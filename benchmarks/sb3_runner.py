@@ -1,0 +1,157 @@
+"""Stable-Baselines3 PPO with rl-zoo3's tuned hyperparameters, stopped by wall time,
+reporting the way `fastrl.train` does. The SB3 side of benchmarks/learning_suite.py.
+
+    python benchmarks/sb3_runner.py --env CartPole-v1 --seed 0 --seconds 300 --exp_dir /tmp/ls/sb3/CartPole-v1_s0
+
+Install: pip install stable-baselines3 "gymnasium[box2d]"   (box2d only for LunarLander)
+
+Every --report_seconds of wall time it prints a status line in fastrl's format,
+
+    [   12.0s] frames 12,345 | 1,234 fps (env frames/s) | return(100) 23.45 | episodes 120
+
+with seconds counted from this process's launch (imports included, as fastrl counts),
+frames = env steps summed over the vectorized envs (these envs have no frameskip, so
+steps and frames are the same thing) and return(100) = the mean return of the last
+(up to) 100 episodes that SB3's Monitor wrapper recorded, `nan` before the first.
+The same numbers go to TensorBoard in <exp_dir>/tb under fastrl's tags
+(train/return_mean_100, train/fps, train/episodes, time/wall_seconds; step = env
+frames), so `python -m fastrl.plot` draws this run beside fastrl's.
+
+It stops at the first env step past --seconds from launch. SB3 calls back only
+between env steps, so a gradient phase that straddles the deadline runs to its end
+first (LunarLander's longest, 16 x 1024 samples x 4 epochs, takes seconds here);
+the status line printed at the stop says when it really stopped. It also stops
+when it has trained rl-zoo3's n_timesteps, whichever comes first: the zoo's linear
+schedules decay to zero at that point, so training on would change nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import math
+import os
+import sys
+import time
+
+import psutil
+
+
+def linear(initial: float):
+    """rl-zoo3's `lin_<x>`: x times the fraction of n_timesteps still to train."""
+    return lambda progress_remaining: progress_remaining * initial
+
+
+# PPO hyperparameters from rl-zoo3's hyperparams/ppo.yml (DLR-RM/rl-baselines3-zoo),
+# copied by value. n_envs and n_timesteps are the zoo's too; policy is MlpPolicy for
+# all three. LunarLander-v3 uses the zoo's LunarLander-v2 entry: gymnasium 1.x renamed
+# the env (v3 fixed bugs in v2's physics); the zoo has no separate v3 tuning.
+ZOO_PPO = {
+    "CartPole-v1": dict(n_envs=8, n_timesteps=100_000, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
+                        n_epochs=20, ent_coef=0.0, learning_rate=linear(0.001), clip_range=linear(0.2)),
+    "LunarLander-v3": dict(n_envs=16, n_timesteps=1_000_000, n_steps=1024, batch_size=64, gae_lambda=0.98,
+                           gamma=0.999, n_epochs=4, ent_coef=0.01),
+    "Pendulum-v1": dict(n_envs=4, n_timesteps=100_000, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10,
+                        ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4),
+}
+
+SB3_INSTALL = "pip install stable-baselines3"
+
+
+def status_line(elapsed: float, frames: int, fps: float, mean_return: float, episodes: int) -> str:
+    """fastrl's status line, less the fields SB3 has no counterpart for (trained
+    samples/s, policy lag): learning_suite.py parses both with one pattern."""
+    return (f"[{elapsed:7.1f}s] frames {frames:,} | {fps:,.0f} fps (env frames/s)"
+            f" | return(100) {mean_return:.2f} | episodes {episodes:,}")
+
+
+def make_reporter(base_callback, launched: float, seconds: float, report_seconds: float, tb_dir: str):
+    """A BaseCallback subclass instance (SB3's class, passed in so that this module
+    imports without SB3) that reports, logs and stops on time."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    class Reporter(base_callback):
+        def __init__(self):
+            super().__init__()
+            self.returns = collections.deque(maxlen=100)
+            self.episodes = 0
+            self.writer = SummaryWriter(tb_dir)
+            self.last_report = (0.0, 0)  # (seconds since launch, frames) at the previous report
+            self.stop_reason = ""
+
+        def mean_return(self) -> float:
+            return sum(self.returns) / len(self.returns) if self.returns else math.nan
+
+        def report(self) -> None:
+            elapsed, frames = time.time() - launched, self.num_timesteps
+            fps = (frames - self.last_report[1]) / max(elapsed - self.last_report[0], 1e-9)
+            mean = self.mean_return()
+            print(status_line(elapsed, frames, fps, mean, self.episodes), flush=True)
+            self.writer.add_scalar("time/wall_seconds", elapsed, frames)
+            self.writer.add_scalar("train/fps", fps, frames)
+            self.writer.add_scalar("train/episodes", float(self.episodes), frames)
+            if not math.isnan(mean):  # fastrl leaves it out too: a NaN would break the curve
+                self.writer.add_scalar("train/return_mean_100", mean, frames)
+            self.writer.flush()
+            self.last_report = (elapsed, frames)
+
+        def _on_step(self) -> bool:
+            # Monitor (added by make_vec_env) puts {"r": return, "l": length, ...} in the
+            # info of an episode's last step.
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(float(info["episode"]["r"]))
+                    self.episodes += 1
+            elapsed = time.time() - launched
+            if elapsed >= seconds:
+                self.stop_reason = f"trained for {seconds:g} s"
+                return False
+            if elapsed - self.last_report[0] >= report_seconds:
+                self.report()
+            return True
+
+        def _on_training_end(self) -> None:
+            self.stop_reason = self.stop_reason or f"trained rl-zoo3's n_timesteps ({self.model._total_timesteps:,})"
+            self.report()
+            self.writer.close()
+
+    return Reporter()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--env", required=True, choices=sorted(ZOO_PPO), help="gymnasium env id (one the zoo tuned)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the envs, the policy and SB3's sampling")
+    parser.add_argument("--seconds", type=float, required=True, help="wall-time budget from this process's launch")
+    parser.add_argument("--exp_dir", required=True, help="experiment folder; TensorBoard events go to <exp_dir>/tb")
+    parser.add_argument("--report_seconds", type=float, default=5.0, help="seconds between status lines")
+    args = parser.parse_args(argv)
+    launched = psutil.Process().create_time()
+
+    if importlib.util.find_spec("stable_baselines3") is None:
+        print(f"sb3_runner: error: Stable-Baselines3 is not installed; run: {SB3_INSTALL}", file=sys.stderr)
+        return 2
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    zoo = dict(ZOO_PPO[args.env])
+    n_envs, n_timesteps = zoo.pop("n_envs"), zoo.pop("n_timesteps")
+    # DummyVecEnv (the zoo's default too): the envs step in this process, one after
+    # another. These envs step in microseconds; SubprocVecEnv's pipes would cost more.
+    env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
+    # device="cpu": SB3 itself advises against a GPU for PPO with an MLP policy.
+    model = PPO("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **zoo)
+    reporter = make_reporter(BaseCallback, launched, args.seconds, args.report_seconds,
+                             os.path.join(args.exp_dir, "tb"))
+    print(f"sb3: PPO on {args.env}, {n_envs} envs, rl-zoo3 hyperparameters; experiment in {args.exp_dir}", flush=True)
+    model.learn(total_timesteps=n_timesteps, callback=reporter)
+    env.close()
+    wall = time.time() - launched
+    print(f"sb3: {reporter.stop_reason}; {model.num_timesteps:,} env frames in {wall:.1f} s, "
+          f"mean return(100) {reporter.mean_return():.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

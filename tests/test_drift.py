@@ -1,0 +1,28 @@
+"""DriftWatch: each warning fires once when its condition starts, again only after it cleared."""
+from fastrl.drift import EV_NEGATIVE_REPORTS, DriftWatch
+
+
+def test_entropy_collapse_warns_once_then_again_after_recovering():
+    watch = DriftWatch()
+    assert watch.check({"entropy": 1.0}) == []
+    assert watch.check({"entropy": 0.5}) == []
+    first = watch.check({"entropy": 0.05})
+    assert len(first) == 1 and "entropy fell to 0.05" in first[0] and "peak 1" in first[0]
+    assert watch.check({"entropy": 0.04}) == []  # still collapsed: no repeat
+    assert watch.check({"entropy": 0.5}) == []  # recovered
+    assert len(watch.check({"entropy": 0.01})) == 1
+
+
+def test_large_kl_and_a_useless_value_function():
+    watch = DriftWatch()
+    assert "--lr" in watch.check({"approx_kl": 0.5})[0]
+    for _ in range(EV_NEGATIVE_REPORTS - 1):
+        assert watch.check({"explained_variance": -0.3}) == []
+    assert "explained variance" in watch.check({"explained_variance": -0.3})[0]
+    assert watch.check({"explained_variance": float("nan")}) == []
+
+
+def test_quiet_when_metrics_are_missing_or_healthy():
+    watch = DriftWatch()
+    assert watch.check({}) == []
+    assert watch.check({"entropy": 1.0, "approx_kl": 0.01, "explained_variance": 0.7}) == []

@@ -1,0 +1,141 @@
+"""The learner's gradient step as a whole: which samples it learns from, and that
+rewards, their scale, episode ends and the truncation bootstrap reach the loss as
+an independent float64 computation says they should."""
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fastrl.config import Config
+from fastrl.learner import _columns, gradient_step, lag_mask
+from fastrl.model import ActorCritic
+
+OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+T, B = 5, 6
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _batch():
+    """A time-major batch as Buffers.gather returns it, with an episode end of each
+    kind and a truncation whose final obs is kept in final_obs / final_row."""
+    g = torch.Generator().manual_seed(1)
+    terminated = torch.zeros(T, B, dtype=torch.bool)
+    truncated = torch.zeros(T, B, dtype=torch.bool)
+    terminated[1, 0], truncated[3, 1], truncated[T - 1, 2] = True, True, True
+    final_row = torch.full((T, B), -1, dtype=torch.long)
+    final_row[3, 1], final_row[T - 1, 2] = 0, 1
+    episode_start = torch.zeros(T + 1, B, dtype=torch.bool)
+    episode_start[2, 0], episode_start[4, 1] = True, True
+    return {
+        "obs": {"obs": torch.rand(T + 1, B, 3, generator=g) * 2 - 1},
+        "final_obs": {"obs": torch.rand(2, 3, generator=g) * 2 - 1},
+        "final_row": final_row,
+        "episode_start": episode_start,
+        "actions": torch.randint(0, 2, (T, B, 1), generator=g),
+        "behaviour_logp": torch.zeros(T, B),  # set per model below
+        "policy_version": torch.zeros(T, B, dtype=torch.long),
+        "rewards": torch.randn(T, B, generator=g),
+        "terminated": terminated,
+        "truncated": truncated,
+        "rnn_state0": torch.zeros(B, 0),
+    }
+
+
+def _on_policy(model, batch):
+    with torch.no_grad():
+        ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
+    batch["behaviour_logp"] = ev.logp.clone()
+    return batch
+
+
+def _grads(model):
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def test_lag_mask():
+    versions = torch.tensor([[10, 7, 5], [9, 4, 10]])
+    lag, valid = lag_mask(10, versions, max_policy_lag=5)
+    assert lag.tolist() == [[0, 3, 5], [1, 6, 0]]
+    assert valid.tolist() == [[1, 1, 1], [1, 0, 1]]
+
+
+def test_samples_past_max_policy_lag_get_no_gradient():
+    # Columns 0-1 come from a policy 30 steps old, past max_policy_lag 25. The masked
+    # step's gradient must equal the gradient of a step that never saw those columns.
+    cfg = Config(env="CartPole-v1", max_grad_norm=0.0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    batch = _on_policy(model, _batch())
+    batch["policy_version"][:, :2] = -30
+    _, valid = lag_mask(0, batch["policy_version"], cfg.max_policy_lag)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves .grad to read
+
+    gradient_step(cfg, model, optimizer, batch, valid)
+    masked = _grads(model)
+    fresh = torch.arange(2, B)
+    gradient_step(cfg, model, optimizer, _columns(batch, fresh), valid[:, fresh])
+    for got, want in zip(masked, _grads(model)):
+        torch.testing.assert_close(got, want)
+    assert any(g.abs().sum() > 0 for g in masked)
+
+
+def _reference_targets(model, batch, reward_scale, gamma):
+    """On-policy V-trace with rho = c = 1 and lambda = 1 is the discounted return to
+    the rollout's end: written here as a plain float64 loop per env, from the
+    episode-end rules alone. A termination ends the sum; a truncation ends it with
+    gamma * V(final obs); the rollout's end bootstraps with V(s_T)."""
+    with torch.no_grad():
+        values = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"]).values
+        v_final = model.values_with_state(batch["final_obs"], torch.zeros(2, 0)).double()
+    values = values.double()
+    r = batch["rewards"].double().numpy() * reward_scale
+    targets = np.zeros((T, B))
+    for b in range(B):
+        for t in range(T):
+            total, discount, s = 0.0, 1.0, t
+            while True:
+                total += discount * r[s, b]
+                if batch["terminated"][s, b]:
+                    break
+                if batch["truncated"][s, b]:
+                    total += discount * gamma * float(v_final[batch["final_row"][s, b]])
+                    break
+                if s == T - 1:
+                    total += discount * gamma * float(values[T, b])
+                    break
+                discount *= gamma
+                s += 1
+            targets[t, b] = total
+    return values[:-1].numpy(), targets
+
+
+@pytest.mark.parametrize("reward_scale", [1.0, 0.1])
+def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_scale):
+    cfg = Config(env="CartPole-v1", reward_scale=reward_scale, gamma=0.9, normalize_advantages=False)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    batch = _on_policy(model, _batch())
+    values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    out, _ = gradient_step(cfg, model, optimizer, batch, torch.ones(T, B))
+    # The step computes in float32: agreement to float32 rounding.
+    np.testing.assert_allclose(out.vs_tm1.numpy(), targets, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(out.value_loss), 0.5 * np.mean((values - targets) ** 2), rtol=1e-5)
+    # On-policy, rho = 1: the advantage is the same return minus V(s_t).
+    np.testing.assert_allclose(float(out.advantage_mean), np.mean(targets - values), rtol=1e-4, atol=1e-6)
+
+
+def test_return_normalisation_learns_the_targets_statistics():
+    cfg = Config(env="CartPole-v1", normalize_returns=True, lr=1e-3)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    batch = _on_policy(model, _batch())
+    batch["rewards"] = batch["rewards"] * 50 + 100  # returns far from N(0, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    valid = torch.ones(T, B)
+    out, _ = gradient_step(cfg, model, optimizer, batch, valid)
+    mean, std = model.value_scale()
+    torch.testing.assert_close(mean, out.vs_tm1.mean())
+    torch.testing.assert_close(std, out.vs_tm1.std(unbiased=False), rtol=1e-4, atol=1e-4)
+    assert model.return_norm.count.item() == T * B
