@@ -287,7 +287,8 @@ def build_parser(prog: str = "python -m fastrl.train", description: str = "Train
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         meta = f.metadata
-        kwargs = {"default": f.default, "help": meta["help"], "dest": f.name}
+        # argparse formats help with %-interpolation (%(default)s), so a literal % must be doubled.
+        kwargs = {"default": f.default, "help": meta["help"].replace("%", "%%"), "dest": f.name}
         if f.type in ("bool", bool):
             kwargs.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
         elif f.type in ("int", int):
