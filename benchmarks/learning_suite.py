@@ -1,0 +1,514 @@
+"""Learning quality of fastrl's defaults against Stable-Baselines3 PPO (and, on Doom,
+Sample Factory 2.1.1): time to a target return, and the return at a fixed wall budget.
+
+    python benchmarks/learning_suite.py --envs CartPole-v1,LunarLander-v3,Pendulum-v1,doom_basic \\
+        --systems fastrl,sb3 --seeds 0,1,2 --seconds 300 --out /tmp/learning_suite --plot
+    python benchmarks/learning_suite.py --envs doom_basic --systems fastrl,sf --seeds 0 --seconds 300 --out DIR
+    python benchmarks/learning_suite.py --envs CartPole-v1 --systems fastrl --seeds 0,1,2 --seconds 60 \\
+        --out DIR --fastrl_extra "--lr 3e-4" --tag lr3e-4      # a variant, added to DIR's table
+
+Install (torch stays the CPU build already here; both fit this machine's pins):
+    pip install stable-baselines3 "gymnasium[box2d]"     # SB3; Box2D for LunarLander
+Sample Factory lives in its own virtualenv (benchmarks/.venv-sf), created and filled on
+the first `--systems ...,sf` by benchmarks/vs_sample_factory.py's helpers.
+
+What runs. Every (env, seed, system) is one training command launched as a user would,
+one at a time on this machine, each given --seconds of wall time from its own launch
+(imports and start-up count against it). The order is env, then seed, then system, so
+a change in the machine's load during the suite falls on every system alike.
+  fastrl  `python -m fastrl.train` with its defaults (plus --fastrl_extra); it stops
+          itself (--train_for_seconds counts from its launch).
+  sb3     benchmarks/sb3_runner.py: SB3 PPO with rl-zoo3's tuned hyperparameters for
+          the env, one torch thread (SB3's fastest here: see the runner); it stops
+          itself at the first env step past the budget, or after the zoo's
+          n_timesteps if that comes first (its schedules end there).
+          Doom envs are skipped: neither SB3 nor the zoo has a Doom setup, and one of
+          ours would not be "SB3's defaults".
+  sf      Sample Factory's `sf_examples.vizdoom.train_vizdoom` with SF's own defaults
+          for the env name, 2 workers x 16 envs, CPU; Doom envs only. Its own
+          --train_for_seconds never fires in 2.1.1, so it gets SIGINT at the budget.
+After each run, anything left in its process session is killed and its ViZDoom
+shared-memory segments unlinked (vs_sample_factory.Run does both).
+
+What is measured. Each system reports every few seconds (fastrl and SB3 every
+--report_seconds, SF every 5 s, its fixed interval) its seconds since launch, env
+frames so far and the mean return of its last (up to) 100 finished training episodes:
+the curve. Before 100 episodes the mean is over those finished, on every system.
+  time to target    the first report whose return(100) >= the env's target (TARGETS
+                    below); so it is known to the report interval, and a run whose
+                    mean touched the target once counts, even if it fell back.
+  return at budget  the return(100) of the last report kept: every report up to the
+                    budget, and the stop report of a run that stopped on its own.
+                    That one comes when it next checks the clock after the budget:
+                    fastrl at once, SB3 only after a gradient phase that straddles
+                    the budget (seconds on LunarLander), but neither collects
+                    anything after the budget, so it is their state at the budget.
+                    SF, stopped by SIGINT, has its reports up to the budget.
+  frames            env frames at that report (agent steps x frameskip: 4 on Doom).
+Returns are training-episode returns (with exploration), not a separate evaluation,
+on all systems alike; on Doom they are the game's own score (see SF_RETURN).
+
+Output in --out: results.jsonl (one JSON object per run, appended; the newest run of
+each tag/system/env/seed/budget is the one summarized), table.md (the table printed
+at the end), logs/ (each run's stdout), fastrl/, sb3/, sf/ (experiment folders;
+fastrl's and SB3's hold TensorBoard events that `python -m fastrl.plot` draws side
+by side), and with --plot one <env>.png per env.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import sys
+
+import vs_sample_factory as vsf
+from sb3_runner import ZOO_PPO
+
+REPO = vsf.REPO
+SYSTEMS = ("fastrl", "sb3", "sf")
+
+# The 100-episode mean training return that counts as "learned" for time-to-target:
+# roughly where each env's standard benchmarks call it solved or near it (CartPole-v1
+# caps at 500; LunarLander's own "solved" is 200; Pendulum's best policies score about
+# -150). None: no agreed threshold, so the suite reports the curve and the return at
+# the budget only.
+TARGETS = {
+    "CartPole-v1": 300.0,
+    "LunarLander-v3": 200.0,
+    "Pendulum-v1": -200.0,
+    "doom_basic": 80.0,
+    "doom_health_gathering_supreme": None,
+    "doom_defend_the_center": None,
+}
+
+# Where Sample Factory's return comes from, per Doom env, and the factor that turns it
+# into the game's own score (fastrl's return on these scenarios):
+#   stdout  the "Avg episode reward" line after each report: the mean over SF's last 100
+#           episodes of the reward SF trains on. doom_basic's SF spec scales that reward
+#           by 0.01, hence x100; defend_the_center's is unscaled.
+#   tb      health_gathering_supreme's SF reward adds +1 per medikit picked up (SF's
+#           gathering shaping), so its printed mean is not the game score; the game
+#           score is SF's "true_objective" stat, only in TensorBoard
+#           (policy_stats/avg_true_objective, written every 10 s or so once 100
+#           episodes have finished). Each report takes the newest value written
+#           by then.
+SF_RETURN = {
+    "doom_basic": ("stdout", 100.0),
+    "doom_defend_the_center": ("stdout", 1.0),
+    "doom_health_gathering_supreme": ("tb", 1.0),
+}
+SF_TRUE_OBJECTIVE_TAG = "policy_stats/avg_true_objective"
+SF_NUM_WORKERS, SF_ENVS_PER_WORKER = 2, 16
+
+# How long past the budget a self-stopping run (fastrl, SB3) may go before it gets
+# SIGINT, then SIGTERM, then SIGKILL at the same spacing. SF gets SIGINT at the budget.
+GRACE_SELF_STOPPING, GRACE_SF = 60.0, 30.0
+
+INSTALL_SB3 = "pip install stable-baselines3"
+INSTALL_BOX2D = 'pip install "gymnasium[box2d]"'
+
+# fastrl's status line, "[   12.0s] frames 12,345 | 1,234 fps (env frames/s) | trained 300 samples/s | ...
+# | return(100) 23.45 | episodes 120 ...", and sb3_runner's, which has the same fields less trained and lag.
+STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames ([\d,]+) \|.*?\| return\(100\) (\S+) \| episodes ([\d,]+)")
+# The line SF prints after each report line once an episode has finished: "Avg episode reward: [(0, '-0.693')]".
+SF_REWARD = re.compile(r"Avg episode reward: \[\(0, '([^']+)'\)")
+
+
+# ----------------------------------------------------------------------------------
+# Curves and what is read off them
+
+
+def _finite_or_none(text: str):
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def parse_status_lines(lines) -> list:
+    """[[seconds since launch, env frames, return(100) or None], ...] from fastrl's or
+    sb3_runner's status lines; other lines are ignored."""
+    curve = []
+    for line in lines:
+        m = STATUS.match(line)
+        if m:
+            curve.append([float(m.group(1)), int(m.group(2).replace(",", "")), _finite_or_none(m.group(3))])
+    return curve
+
+
+def parse_sf_log(lines, launched: float, scale: float) -> list:
+    """The same curve from SF's log: one point per report line (seconds since
+    `launched`, its "Samples" x frameskip = env frames stepped, as vs_sample_factory
+    counts them; SF updates that counter a little behind its episode stats), the
+    return from the "Avg episode reward" line that follows it, times `scale`; None
+    before one."""
+    curve, frameskip = [], vsf.FRAMESKIP
+    for line in lines:
+        m = vsf.SF_FRAMESKIP.search(line)
+        if m:
+            frameskip = int(m.group(1))
+        m = vsf.SF_STATUS.match(line)
+        if m:
+            stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as SF logs
+            curve.append([round(stamp - launched, 1), int(m.group(3)) * frameskip, None])
+            continue
+        m = SF_REWARD.search(line)
+        if m and curve:
+            value = _finite_or_none(m.group(1))
+            curve[-1][2] = None if value is None else value * scale
+    return curve
+
+
+def attach_tb_returns(curve: list, launched: float, events: list, scale: float) -> list:
+    """Give each curve point the newest (wall time, value) event written by its time;
+    points before the first event keep None."""
+    out, i, latest = [], 0, None
+    for t, frames, _ in curve:
+        while i < len(events) and events[i][0] <= launched + t:
+            latest = events[i][1] * scale
+            i += 1
+        out.append([t, frames, latest])
+    return out
+
+
+def read_tb_scalar(tb_dir: str, tag: str) -> list:
+    """[(wall time, value), ...] of one scalar in TensorBoard events, [] if absent."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not os.path.isdir(tb_dir):
+        return []
+    acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})  # 0 = keep every point
+    acc.Reload()
+    if tag not in acc.Tags().get("scalars", []):
+        return []
+    return sorted((e.wall_time, e.value) for e in acc.Scalars(tag))
+
+
+def within_budget(curve: list, seconds: float, stopped_itself: bool) -> list:
+    """The reports up to the budget, and the last (its stop report) if the run stopped
+    on its own; a run that had to be signalled for overrunning keeps only the former."""
+    kept = [p for p in curve if p[0] <= seconds]
+    if stopped_itself and curve and len(kept) < len(curve):
+        kept.append(curve[-1])
+    return kept
+
+
+def time_to_target(curve: list, target) -> float | None:
+    """Seconds since launch at the first point whose return reaches `target`; None if
+    none does or there is no target."""
+    if target is None:
+        return None
+    return next((t for t, _, ret in curve if ret is not None and ret >= target), None)
+
+
+def return_at_budget(curve: list) -> float | None:
+    return curve[-1][2] if curve else None
+
+
+# ----------------------------------------------------------------------------------
+# Commands
+
+
+def experiment_name(env: str, seed: int, tag: str) -> str:
+    return f"{env}_s{seed}" + (f"_{tag}" if tag else "")
+
+
+def fastrl_command(args, env: str, seed: int, exp: str) -> list:
+    return [sys.executable, "-m", "fastrl.train", "--env", env, "--seed", str(seed),
+            "--train_for_seconds", f"{args.seconds:g}", "--train_dir", os.path.join(args.out, "fastrl"),
+            "--experiment", exp, "--restart", "--status_every_seconds", f"{args.report_seconds:g}",
+            *args.fastrl_extra]
+
+
+def sb3_command(args, env: str, seed: int, exp: str) -> list:
+    return [sys.executable, os.path.join(REPO, "benchmarks", "sb3_runner.py"), "--env", env, "--seed", str(seed),
+            "--seconds", f"{args.seconds:g}", "--exp_dir", os.path.join(args.out, "sb3", exp),
+            "--report_seconds", f"{args.report_seconds:g}"]
+
+
+def sf_command(args, env: str, seed: int, exp: str) -> list:
+    # Only the layout (2 workers x 16 envs, the same for every Doom env) and the CPU
+    # device are set; model, batch, rollout, resolution, frameskip and reward are SF's
+    # own Doom defaults for this env name, as a user of SF would get them.
+    return [vsf.venv_python(vsf.DEFAULT_VENV), "-m", "sf_examples.vizdoom.train_vizdoom", "--env", env,
+            "--seed", str(seed), "--experiment", exp, "--train_dir", os.path.join(args.out, "sf"),
+            "--restart_behavior", "overwrite", "--device", "cpu",
+            "--num_workers", str(SF_NUM_WORKERS), "--num_envs_per_worker", str(SF_ENVS_PER_WORKER),
+            "--with_wandb", "False"]
+
+
+def skip_reason(system: str, env: str) -> str | None:
+    doom = env.startswith("doom_")
+    if system == "sb3" and doom:
+        return "SB3 and rl-zoo3 have no Doom setup, and one of ours would not be SB3's defaults"
+    if system == "sb3" and env not in ZOO_PPO:
+        return f"no rl-zoo3 hyperparameters for it in benchmarks/sb3_runner.py (has: {', '.join(ZOO_PPO)})"
+    if system == "sf" and not doom:
+        return "the Sample Factory side covers Doom only; SB3 is the reference on gymnasium envs"
+    if system == "sf" and env not in SF_RETURN:
+        return f"no known way to read its return as the game score (SF_RETURN has: {', '.join(SF_RETURN)})"
+    return None
+
+
+# ----------------------------------------------------------------------------------
+# One run
+
+
+def run_one(args, system: str, env: str, seed: int) -> dict:
+    exp = experiment_name(env, seed, args.tag)
+    log_path = os.path.join(args.out, "logs", f"{system}_{exp}.log")
+    if system == "sf":
+        cmd, cwd = sf_command(args, env, seed, exp), os.path.join(args.out, "sf")
+        os.makedirs(cwd, exist_ok=True)
+    else:
+        cmd, cwd = (fastrl_command if system == "fastrl" else sb3_command)(args, env, seed, exp), REPO
+    run = vsf.Run(system, cmd, cwd, log_path)
+    if system == "sf":
+        run.run(args.seconds, sigint_at=args.seconds, grace=GRACE_SF)
+    else:
+        run.run(args.seconds, sigint_at=None, grace=GRACE_SELF_STOPPING)
+
+    lines = vsf.read_log(log_path)
+    if system == "sf":
+        source, scale = SF_RETURN[env]
+        curve = parse_sf_log(lines, run.launched, scale if source == "stdout" else 1.0)
+        if source == "tb":
+            events = read_tb_scalar(os.path.join(args.out, "sf", exp, ".summary", "0"), SF_TRUE_OBJECTIVE_TAG)
+            curve = attach_tb_returns(curve, run.launched, events, scale)
+    else:
+        curve = parse_status_lines(lines)
+    kept = within_budget(curve, args.seconds, stopped_itself=system != "sf" and not run.stop_note)
+    target = TARGETS.get(env)
+    problems = []
+    if not curve:
+        problems.append("no report in its log")
+    if any(line.startswith("Traceback") for line in lines):
+        problems.append("a traceback in its log")
+    return {
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "tag": args.tag, "system": system, "env": env, "seed": seed, "seconds": args.seconds,
+        "target": target, "curve": kept,
+        "time_to_target": time_to_target(kept, target),
+        "return_at_budget": return_at_budget(kept),
+        "frames": kept[-1][1] if kept else None,
+        "reports_past_budget": len(curve) - len(kept),
+        "wall_s": round(run.exited - run.launched, 1), "returncode": run.returncode,
+        "stop": run.stop_note or "stopped itself",
+        "cores_used_by_run": round(run.run_cores, 2), "cores_used_by_others": round(run.other_cores, 2),
+        "left_processes": len(run.left_processes), "left_shm_segments": len(run.left_segments),
+        "problems": problems, "log": log_path, "command": shlex.join(cmd),
+    }
+
+
+# ----------------------------------------------------------------------------------
+# Summary
+
+
+def label(record: dict) -> str:
+    return record["system"] + (f" ({record['tag']})" if record["tag"] else "")
+
+
+def load_results(path: str) -> list:
+    """Every run in results.jsonl, the newest of each tag/system/env/seed/budget only
+    (a rerun replaces its older self rather than counting as one more seed)."""
+    newest = {}
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                r = json.loads(line)
+                newest[(r["tag"], r["system"], r["env"], r["seed"], r["seconds"])] = r
+    return list(newest.values())
+
+
+def _median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _fmt(value, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}{unit}" if abs(value) >= 1000 else f"{value:.1f}{unit}"
+
+
+def table(records: list) -> str:
+    """Markdown: one row per env, system (with tag) and budget, medians over seeds.
+    The median time to target counts a seed that never reached it as longer than the
+    budget, so it reads "> budget" when fewer than half the seeds got there."""
+    groups = {}
+    for r in records:
+        groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
+    rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
+            "| return at budget (median) | frames at budget (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (env, name, seconds), runs in sorted(groups.items()):
+        target = runs[0]["target"]
+        if target is None:
+            reached = ttt = "-"
+        else:
+            times = [r["time_to_target"] for r in runs]
+            reached = f"{sum(t is not None for t in times)}/{len(runs)}"
+            median = statistics.median([math.inf if t is None else t for t in times])
+            ttt = f"> {seconds:g} s" if math.isinf(median) else _fmt(median, " s")
+        seeds = ", ".join(str(seed) for seed in sorted(r["seed"] for r in runs))
+        rows.append(f"| {env} | {name} | {seconds:g} s | {seeds} "
+                    f"| {'-' if target is None else f'{target:g}'} | {reached} | {ttt} "
+                    f"| {_fmt(_median_or_none(r['return_at_budget'] for r in runs))} "
+                    f"| {_fmt(_median_or_none(r['frames'] for r in runs))} |")
+    return "\n".join(rows)
+
+
+def plot(records: list, out_dir: str) -> list:
+    """One PNG per env: return(100) against wall time and against env frames, one line
+    per system and seed (a colour per system, a line style per seed), the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works on machines without a display
+    import matplotlib.pyplot as plt
+
+    written = []
+    names = sorted({label(r) for r in records})
+    colours = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    styles = ("-", "--", ":", "-.")
+    for env in sorted({r["env"] for r in records}):
+        runs = sorted((r for r in records if r["env"] == env), key=lambda r: (label(r), r["seed"]))
+        fig, (by_time, by_frames) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        seeds = sorted({r["seed"] for r in runs})
+        for r in runs:
+            points = [p for p in r["curve"] if p[2] is not None]
+            style = dict(color=colours[label(r)], linestyle=styles[seeds.index(r["seed"]) % len(styles)],
+                         marker=".", label=f"{label(r)} seed {r['seed']}")
+            by_time.plot([p[0] for p in points], [p[2] for p in points], **style)
+            by_frames.plot([p[1] for p in points], [p[2] for p in points], **style)
+        target = runs[0]["target"]
+        for ax in (by_time, by_frames):
+            if target is not None:
+                ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+            ax.set_xlim(left=0)
+            ax.grid(alpha=0.3)
+        by_time.set_xlabel("wall time from launch (s)")
+        by_frames.set_xlabel("env frames")
+        by_time.set_ylabel("return, mean of last 100 episodes")
+        by_time.set_title(env)
+        by_time.legend(loc="best", fontsize="small")
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"{env}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ----------------------------------------------------------------------------------
+# Main
+
+
+def _names(text: str) -> list:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def preflight(args, plan: list) -> str | None:
+    """The one-sentence error for a missing install, else None."""
+    if any(system == "sb3" for system, _, _ in plan) and importlib.util.find_spec("stable_baselines3") is None:
+        return f"--systems sb3 needs Stable-Baselines3, which is not installed; run: {INSTALL_SB3}"
+    if any(env.startswith("LunarLander") for _, env, _ in plan) and importlib.util.find_spec("Box2D") is None:
+        return f"LunarLander needs Box2D, which is not installed; run: {INSTALL_BOX2D}"
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib, which is not installed; run: pip install matplotlib"
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--envs", type=_names, default=_names("CartPole-v1,LunarLander-v3,Pendulum-v1,doom_basic"),
+                   help="comma-separated env names, fastrl's (doom_*) or gymnasium ids; targets: "
+                        + ", ".join(f"{k} {'none' if v is None else f'{v:g}'}" for k, v in TARGETS.items()))
+    p.add_argument("--systems", type=_names, default=["fastrl", "sb3"],
+                   help=f"comma-separated, from {', '.join(SYSTEMS)}; a system that cannot run an env skips "
+                        "it and says why (SB3: not Doom; SF: Doom only)")
+    p.add_argument("--seeds", type=lambda s: [int(x) for x in _names(s)], default=[0, 1, 2],
+                   help="comma-separated seeds; each seed is one run per system and env")
+    p.add_argument("--seconds", type=float, default=300.0, help="wall-time budget of each run, from its launch")
+    p.add_argument("--out", required=True, help="folder for results.jsonl, table.md, logs, experiments, plots")
+    p.add_argument("--fastrl_extra", type=shlex.split, default=[],
+                   help="extra fastrl.train options, one quoted string, e.g. \"--lr 3e-4 --rollout 64\" "
+                        "(write --fastrl_extra=\"--opt\" when the string has no space)")
+    p.add_argument("--tag", default="",
+                   help="name for this invocation's runs (e.g. the --fastrl_extra variant): kept in results.jsonl, "
+                        "shown beside the system in the table and plots, appended to experiment names")
+    p.add_argument("--report_seconds", type=float, default=5.0,
+                   help="seconds between fastrl's and SB3's reports (SF's are 5 s apart, fixed); time to target "
+                        "is known to this resolution")
+    p.add_argument("--plot", action="store_true", help="also draw <out>/<env>.png from the recorded curves")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9._-]+", args.tag):
+        p.error(f"--tag {args.tag!r} names folders: use letters, digits, '.', '_' and '-' only")
+    args.out = os.path.abspath(args.out)
+
+    plan, skipped = [], []
+    for env in args.envs:
+        for seed in args.seeds:
+            for system in args.systems:
+                reason = skip_reason(system, env)
+                if reason:
+                    if seed == args.seeds[0]:
+                        skipped.append(f"{system}: skipping {env}: {reason}")
+                else:
+                    plan.append((system, env, seed))
+    error = preflight(args, plan)
+    if error:
+        print(f"learning_suite: error: {error}.", file=sys.stderr)
+        return 2
+    for line in skipped:
+        print(line, flush=True)
+    if any(system == "sf" for system, _, _ in plan):
+        vsf.ensure_venv(vsf.DEFAULT_VENV)  # a no-op once the pins are in place
+    for env in args.envs:
+        if env not in TARGETS:
+            print(f"note: no target for {env}: its curve and return at the budget only", flush=True)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+
+    info = vsf.machine()
+    print(f"{info['date_utc']}; {info['cpu']}, {info['logical_cpus']} logical CPUs; fastrl {info['fastrl_commit']}; "
+          f"{len(plan)} run(s) x {args.seconds:g} s, one at a time; results in {args.out}", flush=True)
+    results_path = os.path.join(args.out, "results.jsonl")
+    failed = []
+    for i, (system, env, seed) in enumerate(plan, 1):
+        print(f"[{i}/{len(plan)}] {system} {env} seed {seed} ...", flush=True)
+        record = run_one(args, system, env, seed)
+        with open(results_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        ttt = record["time_to_target"]
+        print(f"    {len(record['curve'])} reports; return at budget {_fmt(record['return_at_budget'])}, "
+              f"{_fmt(record['frames'])} frames; time to target "
+              f"{'-' if record['target'] is None else 'not reached' if ttt is None else _fmt(ttt, ' s')}; "
+              f"wall {record['wall_s']} s ({record['stop']}); cores: run {record['cores_used_by_run']}, "
+              f"others {record['cores_used_by_others']}", flush=True)
+        if record["cores_used_by_others"] > 0.2:
+            print(f"    note: other processes kept {record['cores_used_by_others']} cores busy during this run: "
+                  "the machine was not quiet", flush=True)
+        if record["problems"]:
+            failed.append(record)
+            print(f"    PROBLEM: {'; '.join(record['problems'])} (see {record['log']})", flush=True)
+
+    records = load_results(results_path) if os.path.exists(results_path) else []
+    text = table(records)
+    with open(os.path.join(args.out, "table.md"), "w") as fh:
+        fh.write(text + "\n")
+    print("\n" + text)
+    if args.plot and records:
+        for path in plot(records, args.out):
+            print(f"wrote {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""benchmarks/learning_suite.py: reading curves off status lines and logs, what is
+computed from them, the table; and one real suite run, fastrl against SB3 PPO."""
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import learning_suite as ls  # noqa: E402  (benchmarks/ is not a package)
+import sb3_runner  # noqa: E402
+
+HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
+
+
+def test_status_lines_of_fastrl_and_sb3_give_one_curve_shape():
+    lines = [
+        "fastrl: training CartPole-v1 with 1 rollout workers x 32 envs",
+        "[    5.6s] frames 0 | 0 fps (env frames/s) | trained 0 samples/s | lag min/mean/max 0/0.0/0"
+        " | return(100) nan | episodes 0 | [####......] 47% ETA 0m06s",
+        "[   10.6s] frames 144,832 | 28,787 fps (env frames/s) | trained 28,087 samples/s"
+        " | lag min/mean/max 3/3.0/3 | return(100) 392.94 | episodes 1,241 | objective(100) 392.94",
+        sb3_runner.status_line(12.04, 25_608, 2031.2, -123.456, 174),
+        "fastrl: trained for 12 s; 224,256 env frames in 12.1 s (18,497 fps), mean return(100) 259.54",
+    ]
+    assert ls.parse_status_lines(lines) == [[5.6, 0, None], [10.6, 144_832, 392.94], [12.0, 25_608, -123.46]]
+
+
+def test_sf_log_gives_stepped_frames_and_scaled_returns():
+    # SF stamps its lines in local time; the run launched 20 s before the 11:20:55 report.
+    launched = dt.datetime.strptime("2026-11-23 11:20:55,392", "%Y-%m-%d %H:%M:%S,%f").timestamp() - 20.0
+    lines = [
+        "[2026-11-23 11:20:32,166][08312] Env info: EnvInfo(obs_space=Dict(), action_space=Discrete(4), "
+        "num_agents=1, frameskip=4, reward_shaping_scheme=None)",
+        "[2026-11-23 11:20:50,392][08243] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0. "
+        "Throughput: 0: nan. Samples: 0. Policy #0 lag: (min: -1.0, avg: -1.0, max: -1.0)",
+        "[2026-11-23 11:20:55,392][08243] Fps is (10 sec: 0.0, 60 sec: 0.0, 300 sec: 0.0). Total num frames: 0. "
+        "Throughput: 0: 465.6. Samples: 2328. Policy #0 lag: (min: -1.0, avg: -1.0, max: -1.0)",
+        "[2026-11-23 11:20:55,392][08243] Avg episode reward: [(0, '-0.693')]",
+    ]
+    curve = ls.parse_sf_log(lines, launched, 100.0)
+    assert [p[:2] for p in curve] == [[15.0, 0], [20.0, 2328 * 4]]
+    assert curve[0][2] is None and curve[1][2] == pytest.approx(-69.3)
+
+
+def test_tb_returns_are_the_newest_written_by_each_report():
+    curve = [[5.0, 10, None], [10.0, 20, None], [15.0, 30, None]]
+    events = [(1007.0, 3.0), (1010.0, 4.0), (1012.0, 5.0)]  # wall times; the run launched at 1000
+    assert ls.attach_tb_returns(curve, 1000.0, events, 1.0) == [[5.0, 10, None], [10.0, 20, 4.0], [15.0, 30, 5.0]]
+
+
+@pytest.mark.parametrize("curve, target, expected", [
+    ([[5.0, 0, None], [10.0, 100, 250.0], [15.0, 200, 310.0], [20.0, 300, 290.0]], 300.0, 15.0),
+    ([[5.0, 0, None], [10.0, 100, 250.0]], 300.0, None),  # never reached
+    ([[5.0, 0, 500.0]], None, None),  # no target for this env
+    ([[5.0, 0, -900.0], [10.0, 100, -199.5], [15.0, 200, -150.0]], -200.0, 10.0),  # Pendulum: negative returns
+    ([[5.0, 0, 300.0]], 300.0, 5.0),  # equal counts
+])
+def test_time_to_target_is_the_first_report_at_or_above_it(curve, target, expected):
+    assert ls.time_to_target(curve, target) == expected
+
+
+def test_at_budget_is_the_stop_report_of_a_run_that_stopped_itself():
+    curve = [[5.0, 10, 1.0], [10.0, 20, 2.0], [12.5, 25, 3.0]]  # budget 10 s; SB3 stopped after an update
+    kept = ls.within_budget(curve, 10.0, stopped_itself=True)
+    assert kept == curve and ls.return_at_budget(kept) == 3.0
+    # Signalled (SF, or a run that overran its own budget): its reports up to the budget only.
+    overran = curve + [[20.0, 40, 9.0], [70.0, 90, 9.5]]
+    assert ls.within_budget(overran, 10.0, stopped_itself=False) == curve[:2]
+    assert ls.return_at_budget([]) is None
+
+
+def _record(system, seed, ttt, ret, frames, target=300.0, tag="", seconds=60.0):
+    return {"system": system, "tag": tag, "env": "CartPole-v1", "seed": seed, "seconds": seconds, "target": target,
+            "time_to_target": ttt, "return_at_budget": ret, "frames": frames, "curve": [[1.0, frames, ret]]}
+
+
+def test_table_gives_medians_over_seeds_and_counts_seeds_that_reached():
+    records = [_record("fastrl", 0, 8.0, 480.0, 1_000_000), _record("fastrl", 1, 12.0, 500.0, 1_200_000),
+               _record("fastrl", 2, None, 200.0, 900_000),
+               _record("sb3", 0, 50.0, 450.0, 100_000), _record("sb3", 1, None, 150.0, 90_000),
+               _record("sb3", 2, None, None, 0),
+               _record("fastrl", 0, None, -300.0, 5000, target=None, tag="lr3e-4")]
+    rows = {line.split("|")[2].strip(): line for line in ls.table(records).splitlines()[2:]}
+    assert rows["fastrl"].split("|")[6:10] == [" 2/3 ", " 12.0 s ", " 480.0 ", " 1,000,000 "]
+    # Two of three never got there: the median is past the budget.
+    assert rows["sb3"].split("|")[6:10] == [" 1/3 ", " > 60 s ", " 300.0 ", " 90,000 "]
+    assert rows["fastrl (lr3e-4)"].split("|")[5:8] == [" - ", " - ", " - "]
+
+
+def test_a_rerun_replaces_its_older_record(tmp_path):
+    path = tmp_path / "results.jsonl"
+    with open(path, "w") as fh:
+        for seed, ttt in ((0, 9.0), (1, 9.0), (0, 7.0)):  # seed 0 run twice, 7.0 the newer
+            fh.write(json.dumps(_record("fastrl", seed, ttt, 1.0, 1)) + "\n")
+    runs = sorted(ls.load_results(str(path)), key=lambda r: r["seed"])
+    assert [(r["seed"], r["time_to_target"]) for r in runs] == [(0, 7.0), (1, 9.0)]
+
+
+def test_systems_skip_envs_they_cannot_run_and_say_why():
+    assert "no Doom setup" in ls.skip_reason("sb3", "doom_basic")
+    assert "Doom only" in ls.skip_reason("sf", "CartPole-v1")
+    assert "rl-zoo3" in ls.skip_reason("sb3", "Acrobot-v1")
+    assert ls.skip_reason("sb3", "LunarLander-v3") is None
+    assert ls.skip_reason("sf", "doom_basic") is None
+    assert ls.skip_reason("fastrl", "doom_battle") is None
+
+
+def test_missing_installs_are_named_with_their_pip_command(monkeypatch):
+    class Args:
+        plot = False
+
+    monkeypatch.setattr(ls.importlib.util, "find_spec", lambda name: None)
+    assert "pip install stable-baselines3" in ls.preflight(Args, [("sb3", "CartPole-v1", 0)])
+    assert 'pip install "gymnasium[box2d]"' in ls.preflight(Args, [("fastrl", "LunarLander-v3", 0)])
+    assert ls.preflight(Args, [("fastrl", "CartPole-v1", 0)]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SB3, reason="stable_baselines3 is not installed (pip install stable-baselines3)")
+def test_suite_runs_fastrl_and_sb3_on_cartpole_end_to_end(tmp_path):
+    out = tmp_path / "suite"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "learning_suite.py"),
+                           "--envs", "CartPole-v1", "--systems", "fastrl,sb3", "--seeds", "0", "--seconds", "25",
+                           "--out", str(out), "--plot"],
+                          cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(out / "results.jsonl") as fh:
+        runs = [json.loads(line) for line in fh]
+    assert sorted(r["system"] for r in runs) == ["fastrl", "sb3"]
+    for r in runs:
+        frames = [p[1] for p in r["curve"]]
+        assert frames and frames[-1] > 0, r
+        assert all(a <= b for a, b in zip(frames, frames[1:])), r
+        assert all(p[0] <= 25 for p in r["curve"][:-1]) and r["stop"] == "stopped itself", r
+        assert r["frames"] == frames[-1] and r["problems"] == [], r
+    assert "| CartPole-v1 | fastrl | 25 s | 0 | 300 |" in proc.stdout
+    assert "| CartPole-v1 | sb3 | 25 s | 0 | 300 |" in proc.stdout
+    assert (out / "CartPole-v1.png").stat().st_size > 0
+
+    # SB3's TensorBoard events are fastrl's tags: fastrl.plot reads both runs.
+    from fastrl import plot
+
+    for system in ("fastrl", "sb3"):
+        curve = plot.read_curve(str(out / system / "CartPole-v1_s0"))
+        assert curve.frames and curve.values
