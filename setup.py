@@ -19,7 +19,8 @@ setup(
     description="Asynchronous APPO reinforcement learning, as fast as one machine allows.",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    packages=["fastrl", "fastrl.cuda", "envs", "envs.doom"],
+    packages=["fastrl", "fastrl.algo", "fastrl.plumbing", "fastrl.sampling", "fastrl.learning", "fastrl.tuning",
+              "fastrl.runtime", "fastrl.cuda", "envs", "envs.doom"],
     package_data={"envs.doom": ["scenarios/*"]},
     python_requires=">=3.9",
     install_requires=[

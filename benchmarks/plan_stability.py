@@ -18,20 +18,19 @@ import subprocess
 import sys
 import tempfile
 
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
-
 import psutil
+from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
 
 def plan_once(train_args: list) -> dict:
     """In this process: plan as the trainer does and return the plan's summary."""
     from fastrl.config import parse_args
-    from fastrl.proc import start_process_server
+    from fastrl.plumbing.proc import start_process_server
 
     cfg, extra = parse_args(train_args)
     start_process_server()  # the trainer profiles while this server imports torch
-    from fastrl import planner
-    from fastrl.runner import prepare_experiment
+    from fastrl.runtime.runner import prepare_experiment
+    from fastrl.tuning import planner
 
     with tempfile.TemporaryDirectory() as train_dir:
         cfg.train_dir, cfg.restart = train_dir, True

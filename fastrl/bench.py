@@ -39,11 +39,19 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from fastrl.bottleneck import diagnose
 from fastrl.config import Config, ConfigError, build_parser, parse_args
-from fastrl.profiling import (ProfilingError, compute_bound_limit, machine_info, mean_env_profile,
-                              mean_model_profile, measure_env, measure_model, usable_cores)
-from fastrl.stats_board import FIELDS
+from fastrl.plumbing.stats_board import FIELDS
+from fastrl.tuning.bottleneck import diagnose
+from fastrl.tuning.profiling import (
+    ProfilingError,
+    compute_bound_limit,
+    machine_info,
+    mean_env_profile,
+    mean_model_profile,
+    measure_env,
+    measure_model,
+    usable_cores,
+)
 
 MODES = ("env", "infer", "sample", "train")
 NEVER_S = 1e9  # "not within a bench run": periodic checkpoints and status lines would disturb the window
@@ -288,7 +296,7 @@ def _rate_report(window: _Window, learn: bool) -> dict:
 def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, progress: _Progress) -> dict:
     """Run the trainer (learn=True) or the sampling system with a sink (learn=False)
     for warm-up + window and report the window."""
-    from fastrl.runner import Runner  # the runner pulls in every process module; env/infer modes do not need it
+    from fastrl.runtime.runner import Runner  # the runner pulls in every process module; env/infer modes do not need it
 
     runner = Runner(cfg, learn=learn)
     window = _Window(warmup, seconds, progress)
@@ -310,8 +318,8 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     whole report (what --json writes)."""
     if not seconds > 0 or not warmup >= 0:
         raise ConfigError(f"--seconds {seconds:g} must be positive and --warmup {warmup:g} not negative.")
-    from fastrl import planner
-    from fastrl.runner import prepare_experiment
+    from fastrl.runtime.runner import prepare_experiment
+    from fastrl.tuning import planner
 
     train_dir = tempfile.mkdtemp(prefix="fastrl-bench-")
     try:
@@ -362,7 +370,7 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
 def _measure_limits(cfg: Config, limits: list, obs_space, action_space, seconds: float, warmup: float,
                     progress: _Progress, label: str) -> tuple:
     """(EnvProfile or None, ModelProfile or None) for the modes in `limits`."""
-    from fastrl.runner import resolve_device
+    from fastrl.runtime.runner import resolve_device
 
     env = model = None
     if "env" in limits:

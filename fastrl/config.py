@@ -31,7 +31,7 @@ class Config:
     experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.")
     train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).")
     restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).")
-    seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling (fastrl/seeding.py).")
+    seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling (fastrl/plumbing/seeding.py).")
     device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
 
     # --- processes --------------------------------------------------------------------

@@ -24,11 +24,11 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from fastrl.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, load_latest_checkpoint
+from fastrl.algo.model import obs_to_tensors
 from fastrl.config import Config
-from fastrl.inference import build_model
-from fastrl.learner import checkpoint_dir
-from fastrl.model import obs_to_tensors
+from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, load_latest_checkpoint
+from fastrl.learning.learner import checkpoint_dir
+from fastrl.sampling.inference import build_model
 
 DEFAULT_VIDEO_FPS = 30
 
@@ -148,7 +148,7 @@ def play_episode(env, model, seed: int, deterministic: bool, video: Optional[Vid
 
 def run(args) -> None:
     from envs.registry import UnknownEnvError, get_spec
-    from fastrl.rollout_worker import env_options
+    from fastrl.sampling.rollout_worker import env_options
 
     if args.episodes < 1:
         raise EnjoyError(f"--episodes is {args.episodes} but must be at least 1.")

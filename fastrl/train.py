@@ -10,13 +10,13 @@ def main(argv=None) -> int:
     cfg, extra = parse_args(argv)
     try:
         check_env_and_options(cfg)  # cheap checks first, so that bad input starts no process at all
-        from fastrl.proc import start_process_server
+        from fastrl.plumbing.proc import start_process_server
 
         start_process_server()  # its imports then overlap the runner's own
         import torch
 
         torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
-        from fastrl.runner import Runner
+        from fastrl.runtime.runner import Runner
 
         return Runner(cfg, explicit=extra.explicit).run()
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)

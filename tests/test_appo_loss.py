@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fastrl.appo_loss import (
+from fastrl.algo.appo_loss import (
     STAT_FIELDS,
     appo_loss,
     entropy_loss,
@@ -11,7 +11,7 @@ from fastrl.appo_loss import (
     ppo_clip_policy_loss,
     value_loss,
 )
-from fastrl.vtrace import bootstrap_truncation, episode_discounts, vtrace
+from fastrl.algo.vtrace import bootstrap_truncation, episode_discounts, vtrace
 
 T, B = 6, 4
 HPARAMS = dict(gamma=0.9, rho_bar=1.0, c_bar=1.0, clip_ratio=0.2, value_coef=0.5, entropy_coef=0.01, normalize_adv=True)

@@ -6,13 +6,13 @@ import math
 import types
 
 import pytest
+from helpers import TEST_ENVS_ON_PATH, TrainRun
 
 from fastrl import bench
 from fastrl.bench import forward_batch_sizes
-from fastrl.bottleneck import diagnose
 from fastrl.config import Config
-from fastrl.profiling import EnvProfile, ModelProfile, compute_bound_limit, mean_env_profile, mean_model_profile
-from helpers import TEST_ENVS_ON_PATH, TrainRun
+from fastrl.tuning.bottleneck import diagnose
+from fastrl.tuning.profiling import EnvProfile, ModelProfile, compute_bound_limit, mean_env_profile, mean_model_profile
 
 QUICK = ["--seconds", "2", "--warmup", "1"]
 BOTTLENECK = ["--seconds", "3", "--warmup", "1"]  # a few learner batches even when each takes ~0.5 s
@@ -282,7 +282,7 @@ def test_model_timings_interleave_rounds_and_take_the_median():
     # disturbed (10x), as a busy second on the machine would do to a block of calls.
     import torch
 
-    from fastrl import profiling
+    from fastrl.tuning import profiling
 
     now, calls, thread_counts = [0.0], [], []
     slow_call_of_b = profiling.WARMUP_CALLS + 3  # b's third timed call
@@ -309,7 +309,7 @@ def test_model_timings_interleave_rounds_and_take_the_median():
 
 
 def test_model_timings_run_until_the_budget_is_spent():
-    from fastrl import profiling
+    from fastrl.tuning import profiling
 
     now = [0.0]
 

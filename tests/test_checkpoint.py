@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastrl import checkpoint as ckpt
-from fastrl.checkpoint import (
+from fastrl.learning.checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_latest_checkpoint,

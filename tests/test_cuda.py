@@ -9,6 +9,7 @@ import torch
 import torch.multiprocessing as tmp
 import torch.nn as nn
 
+from fastrl.algo.model import ActorCritic, ActOutput, flat_state, load_flat_state
 from fastrl.cuda import cuda_available
 from fastrl.cuda.graphs import (
     EagerPolicy,
@@ -19,7 +20,6 @@ from fastrl.cuda.graphs import (
 )
 from fastrl.cuda.ipc import copy_and_wait, device_param_buffer
 from fastrl.cuda.staging import BatchStager, CudaStager, PassThroughStager
-from fastrl.model import ActOutput, ActorCritic, flat_state, load_flat_state
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
 # GPU tests carry the pytest.ini "gpu" marker (select them with -m gpu) and skip, with

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Categorical, Normal, kl_divergence
 
-from fastrl.distributions import SYMMETRIC_KL_CAP, ActionSpec
+from fastrl.algo.distributions import SYMMETRIC_KL_CAP, ActionSpec
 
 B = 64
 

@@ -1,5 +1,5 @@
 """DriftWatch: each warning fires once when its condition starts, again only after it cleared."""
-from fastrl.drift import EV_NEGATIVE_REPORTS, DriftWatch
+from fastrl.learning.drift import EV_NEGATIVE_REPORTS, DriftWatch
 
 
 def test_entropy_collapse_warns_once_then_again_after_recovering():

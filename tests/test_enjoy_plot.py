@@ -9,11 +9,11 @@ import cv2
 import torch
 
 from fastrl import enjoy, plot
-from fastrl.checkpoint import save_checkpoint
 from fastrl.config import Config, save_config
-from fastrl.inference import build_model
-from fastrl.learner import checkpoint_dir
-from fastrl.monitor import Monitor
+from fastrl.learning.checkpoint import save_checkpoint
+from fastrl.learning.learner import checkpoint_dir
+from fastrl.runtime.monitor import Monitor
+from fastrl.sampling.inference import build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "CartPole-v1"

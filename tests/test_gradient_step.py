@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from fastrl.algo.model import ActorCritic
 from fastrl.config import Config
-from fastrl.learner import _columns, gradient_step, lag_mask
-from fastrl.model import ActorCritic
+from fastrl.learning.learner import _columns, gradient_step, lag_mask
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 T, B = 5, 6

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.buffers import TrajectoryBuffers
-from fastrl.learner import _columns, final_values
-from fastrl.model import ActorCritic, obs_layout
+from fastrl.algo.model import ActorCritic, obs_layout
+from fastrl.learning.learner import _columns, final_values
+from fastrl.plumbing.buffers import TrajectoryBuffers
 
 OBS_SPACE = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
                              "measurements": gym.spaces.Box(-1, 1, (2,), np.float32)})

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.model import (
+from fastrl.algo.model import (
     ActorCritic,
     flat_state,
     flat_state_size,
@@ -322,7 +322,7 @@ def test_bf16_inference_weights_give_autocasts_numbers_and_follow_every_update()
 
 def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):
     from fastrl.config import parse_args
-    from fastrl.inference import build_model, resolve_precision
+    from fastrl.sampling.inference import build_model, resolve_precision
 
     def cfg(*args):
         return parse_args(["--env", "CartPole-v1", *args])[0]

@@ -11,8 +11,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fastrl.config import Config, ConfigError
-from fastrl.monitor import STATUS_TEXT_EVERY, WANDB_ID_FILE, Monitor, scalars_from
-from fastrl.stats_board import StatsBoard
+from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.runtime.monitor import STATUS_TEXT_EVERY, WANDB_ID_FILE, Monitor, scalars_from
 
 ROWS = ["runner", "learner", "policy_0", "rollout_0", "rollout_1"]
 

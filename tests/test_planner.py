@@ -7,8 +7,8 @@ import os
 import pytest
 
 from fastrl.config import Config
-from fastrl.planner import NICE_STEP, TIE, Costs, Plan, choose, predict, worker_nice
-from fastrl.proc import on_one_core
+from fastrl.plumbing.proc import on_one_core
+from fastrl.tuning.planner import NICE_STEP, TIE, Costs, Plan, choose, predict, worker_nice
 
 
 def cfg(**kw):
@@ -101,8 +101,8 @@ def test_lag_bound_limits_the_layout():
 
 
 def test_adapter_moves_a_core_to_a_busy_learner_and_back():
-    from fastrl.adapt import ThreadAdapter
-    from fastrl.stats_board import StatsBoard
+    from fastrl.plumbing.stats_board import StatsBoard
+    from fastrl.tuning.adapt import ThreadAdapter
 
     board = StatsBoard(["learner", "rollout_0", "rollout_1"])
     adapter = ThreadAdapter(board, num_workers=2, cores=2, start_threads=1)
@@ -125,7 +125,7 @@ def test_adapter_moves_a_core_to_a_busy_learner_and_back():
 
 
 def test_cached_profile_is_reused_until_the_code_changes(tmp_path, monkeypatch):
-    from fastrl import planner
+    from fastrl.tuning import planner
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     profiled = []
@@ -206,7 +206,7 @@ class _TimedEnv:
 
 
 def test_env_profile_skips_the_settling_slice_and_takes_the_median():
-    from fastrl.planner import time_env_steps
+    from fastrl.tuning.planner import time_env_steps
 
     # Slices of 0.1 s: 1 ms a step, but 5 ms while the game settles (the first
     # slice) and 3 ms through one disturbed slice later on: neither moves the answer.

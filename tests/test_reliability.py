@@ -14,16 +14,15 @@ import gymnasium as gym
 import psutil
 import pytest
 import torch
-
-from fastrl.checkpoint import load_checkpoint, load_latest_checkpoint
-from fastrl.config import Config
-from fastrl.inference import build_model
-from fastrl.learner import Learner
-from fastrl.model import flat_state
-from fastrl.params import SharedParams
-from fastrl.stats_board import StatsBoard
 from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
 
+from fastrl.algo.model import flat_state
+from fastrl.config import Config
+from fastrl.learning.checkpoint import load_checkpoint, load_latest_checkpoint
+from fastrl.learning.learner import Learner
+from fastrl.plumbing.params import SharedParams
+from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.sampling.inference import build_model
 
 # Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch, one
 # gradient step per batch. Every layout option is given, so neither the planner nor

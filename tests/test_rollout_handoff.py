@@ -7,15 +7,15 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from fastrl.buffers import TrajectoryBuffers
+from fastrl.algo.distributions import ActionSpec
+from fastrl.algo.model import flat_state, flat_state_size, obs_layout
 from fastrl.config import Config
-from fastrl.distributions import ActionSpec
-from fastrl.inference import LocalPolicy, build_model
-from fastrl.model import flat_state, flat_state_size, obs_layout
-from fastrl.params import SharedParams, StopFlag
-from fastrl.rollout_worker import RolloutWorker
-from fastrl.stats_board import StatsBoard
-from fastrl.supervision import HeldBuffers
+from fastrl.plumbing.buffers import TrajectoryBuffers
+from fastrl.plumbing.params import SharedParams, StopFlag
+from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.runtime.supervision import HeldBuffers
+from fastrl.sampling.inference import LocalPolicy, build_model
+from fastrl.sampling.rollout_worker import RolloutWorker
 
 ROLLOUT, ENVS = 4, 2
 

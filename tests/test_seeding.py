@@ -7,11 +7,10 @@ import os
 import faster_fifo
 import pytest
 import torch
-
-from fastrl.proc import run_child, start_process_server
-from fastrl.seeding import SEED_BITS, derive_seed, env_seed, episode_seed, process_seed
 from helpers import TEST_ENVS_ON_PATH, TrainRun
 
+from fastrl.plumbing.proc import run_child, start_process_server
+from fastrl.plumbing.seeding import SEED_BITS, derive_seed, env_seed, episode_seed, process_seed
 
 # --------------------------------------------------------------------------------------
 # The derivation

@@ -2,9 +2,9 @@
 import torch
 import torch.multiprocessing as tmp
 
-from fastrl.buffers import TrajectoryBuffers
-from fastrl.params import SharedParams, StopFlag
-from fastrl.stats_board import StatsBoard
+from fastrl.plumbing.buffers import TrajectoryBuffers
+from fastrl.plumbing.params import SharedParams, StopFlag
+from fastrl.plumbing.stats_board import StatsBoard
 
 LAYOUT = {"obs": ((3, 4, 5), torch.uint8), "measurements": ((2,), torch.float32)}
 

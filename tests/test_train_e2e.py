@@ -3,9 +3,9 @@ import os
 import signal
 
 import pytest
-
-from fastrl.checkpoint import load_latest_checkpoint
 from helpers import TrainRun, read_summary
+
+from fastrl.learning.checkpoint import load_latest_checkpoint
 
 # Small and quick on CPU, and what the tuned CartPole defaults look like.
 FAST = ["--env", "CartPole-v1", "--status_every_seconds", "1"]

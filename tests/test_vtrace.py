@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.vtrace import bootstrap_truncation, episode_discounts, gae, vtrace
+from fastrl.algo.vtrace import bootstrap_truncation, episode_discounts, gae, vtrace
 
 T, B = 7, 5
 GAMMA = 0.9

@@ -13,7 +13,7 @@ A graph is frozen in three ways, and each shapes this module:
 - Addresses. A graph reads its inputs and the model's parameters from the device
   addresses seen at capture. Inputs are therefore copied into static buffers before
   each replay. Parameters stay valid across reloads because `load_flat_state`
-  (fastrl/model.py) writes with `copy_` into the tensors `state_dict()` returns,
+  (fastrl/algo/model.py) writes with `copy_` into the tensors `state_dict()` returns,
   which share storage with the parameters and buffers: same addresses, new values.
   Anything that swaps tensors instead (`model.to(...)`, assigning `.data`, building
   a new model) leaves the graph reading the old memory; capture again after it.
@@ -42,8 +42,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from fastrl.algo.model import ActOutput, ObsLayout
 from fastrl.cuda import cuda_available
-from fastrl.model import ActOutput, ObsLayout
 
 WARMUP_ITERS = 3  # eager runs before capture: cuBLAS/cuDNN handles and workspaces exist by then
 
@@ -75,7 +75,7 @@ class GraphedPolicy:
             in-place copies (`load_flat_state`); see the module doc.
         batch_sizes: batch sizes to capture; a batch of B rows replays the smallest
             one >= B.
-        obs_layout: {key: (per-sample shape, dtype)}, as `fastrl.model.obs_layout`.
+        obs_layout: {key: (per-sample shape, dtype)}, as `fastrl.algo.model.obs_layout`.
         rnn_size: width of the recurrent state (0 without an RNN).
         device: the CUDA device.
         deterministic: capture the distribution's mode instead of a sample; fixed

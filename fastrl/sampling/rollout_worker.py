@@ -10,14 +10,14 @@ import time
 import torch
 
 from envs.registry import get_spec
-from fastrl.env_runner import SplitEnvs
-from fastrl.inference import LocalPolicy
-from fastrl.polling import get_many_polling
-from fastrl.proc import pin_to_core, use_batch_scheduling
-from fastrl.seeding import env_seed
-from fastrl.stats_board import Timer
+from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.proc import pin_to_core, use_batch_scheduling
+from fastrl.plumbing.seeding import env_seed
+from fastrl.plumbing.stats_board import Timer
+from fastrl.sampling.env_split import SplitEnvs
+from fastrl.sampling.inference import LocalPolicy
 
-QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/polling.py)
+QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/plumbing/polling.py)
 EPISODE_FLUSH_S = 0.5
 
 
@@ -53,7 +53,7 @@ class RolloutWorker:
             "truncated": b.truncated.numpy(),
         }
         n = cfg.envs_per_split
-        # run_child seeded torch with this process's own seed (fastrl.seeding); the envs
+        # run_child seeded torch with this process's own seed (fastrl.plumbing.seeding); the envs
         # take theirs from it, so a restarted worker or a resumed run meets new episodes.
         worker_seed = torch.initial_seed()
         self.splits = []

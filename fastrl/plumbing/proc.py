@@ -12,8 +12,8 @@ import traceback
 _PR_SET_PDEATHSIG = 1
 
 # What the process server imports once, before it forks any child.
-_PRELOAD = ["torch", "fastrl.rollout_worker", "fastrl.learner", "fastrl.policy_worker", "fastrl.sink",
-            "fastrl.evaluator"]
+_PRELOAD = ["torch", "fastrl.sampling.rollout_worker", "fastrl.learning.learner", "fastrl.sampling.policy_worker",
+            "fastrl.runtime.sink", "fastrl.learning.evaluator"]
 
 
 def start_process_server():
@@ -168,7 +168,7 @@ def init_child(name: str, torch_threads: int) -> None:
 
 
 def run_child(name: str, torch_threads: int, seed: int | None, error_queue, target, *args) -> None:
-    """Entry point of every child: seed torch with `seed` (see fastrl.seeding; None
+    """Entry point of every child: seed torch with `seed` (see fastrl.plumbing.seeding; None
     leaves it as inherited), run `target(*args)`, and if it raises, send (name,
     traceback) to the runner and exit non-zero."""
     init_child(name, torch_threads)

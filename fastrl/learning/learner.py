@@ -11,12 +11,12 @@ import time
 import numpy as np
 import torch
 
-from fastrl.appo_loss import STAT_FIELDS, appo_loss
-from fastrl.checkpoint import load_checkpoint, save_checkpoint
-from fastrl.inference import build_model
-from fastrl.model import flat_state, load_flat_state
-from fastrl.polling import get_many_polling
-from fastrl.stats_board import Timer
+from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
+from fastrl.algo.model import flat_state, load_flat_state
+from fastrl.learning.checkpoint import load_checkpoint, save_checkpoint
+from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.stats_board import Timer
+from fastrl.sampling.inference import build_model
 
 QUEUE_TIMEOUT_S = 0.1
 METRICS_EVERY_S = 1.0

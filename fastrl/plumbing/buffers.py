@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.model import obs_zeros
+from fastrl.algo.model import obs_zeros
 
 
 class TrajectoryBuffers:

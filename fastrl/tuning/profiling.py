@@ -32,12 +32,12 @@ import psutil
 import torch
 
 from envs.registry import get_spec
-from fastrl.inference import build_model
-from fastrl.learner import gradient_step
-from fastrl.model import obs_zeros
-from fastrl.proc import pin_to_core, run_child
-from fastrl.rollout_worker import env_options
-from fastrl.seeding import env_seed
+from fastrl.algo.model import obs_zeros
+from fastrl.learning.learner import gradient_step
+from fastrl.plumbing.proc import pin_to_core, run_child
+from fastrl.plumbing.seeding import env_seed
+from fastrl.sampling.inference import build_model
+from fastrl.sampling.rollout_worker import env_options
 
 ENV_START_TIMEOUT_S = 300.0  # creating many ViZDoom games can take minutes on a busy machine
 ENV_FINISH_SLACK_S = 60.0  # one round of stepping every env may overrun the window

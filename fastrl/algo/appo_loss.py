@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from fastrl.vtrace import bootstrap_truncation, check_time_major, episode_discounts, vtrace
+from fastrl.algo.vtrace import bootstrap_truncation, check_time_major, episode_discounts, vtrace
 
 
 def _masked_mean(x, valid_t):
@@ -155,7 +155,7 @@ def appo_loss(
     on values mapped back to return units, v * value_std + value_mean, and the value
     loss regresses `values` onto the targets normalised the same way, so its scale
     no longer depends on the env's reward scale. `v_final_t` is in return units.
-    lambda_ is V-trace's lambda (fastrl.vtrace.vtrace).
+    lambda_ is V-trace's lambda (fastrl.algo.vtrace.vtrace).
 
     The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
     logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace vs.

@@ -22,27 +22,27 @@ import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
-from fastrl import planner
-from fastrl.adapt import ThreadAdapter
-from fastrl.buffers import TrajectoryBuffers
-from fastrl.checkpoint import load_latest_checkpoint
+from fastrl.algo.distributions import ActionSpec
+from fastrl.algo.model import flat_state, flat_state_size, obs_layout
 from fastrl.config import Config, ConfigError, check_env_and_options, save_config, validate
-from fastrl.distributions import ActionSpec
-from fastrl.drift import DriftWatch
-from fastrl.evaluator import evaluator_main
-from fastrl.inference import build_model
-from fastrl.learner import checkpoint_dir, learner_main
-from fastrl.model import flat_state, flat_state_size, obs_layout
-from fastrl.monitor import Monitor, scalars_from
-from fastrl.params import SharedParams, StopFlag
-from fastrl.policy_worker import policy_worker_main
-from fastrl.proc import on_one_core, run_child, start_process_server
-from fastrl.profiling import usable_cores
-from fastrl.rollout_worker import env_options, rollout_worker_main
-from fastrl.seeding import process_seed
-from fastrl.sink import sink_main
-from fastrl.stats_board import StatsBoard
-from fastrl.supervision import HeldBuffers, WorkerSupervisor
+from fastrl.learning.checkpoint import load_latest_checkpoint
+from fastrl.learning.drift import DriftWatch
+from fastrl.learning.evaluator import evaluator_main
+from fastrl.learning.learner import checkpoint_dir, learner_main
+from fastrl.plumbing.buffers import TrajectoryBuffers
+from fastrl.plumbing.params import SharedParams, StopFlag
+from fastrl.plumbing.proc import on_one_core, run_child, start_process_server
+from fastrl.plumbing.seeding import process_seed
+from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.runtime.monitor import Monitor, scalars_from
+from fastrl.runtime.sink import sink_main
+from fastrl.runtime.supervision import HeldBuffers, WorkerSupervisor
+from fastrl.sampling.inference import build_model
+from fastrl.sampling.policy_worker import policy_worker_main
+from fastrl.sampling.rollout_worker import env_options, rollout_worker_main
+from fastrl.tuning import planner
+from fastrl.tuning.adapt import ThreadAdapter
+from fastrl.tuning.profiling import usable_cores
 
 JOIN_TIMEOUT_S = 10.0
 PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process server's imports

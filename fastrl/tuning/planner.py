@@ -2,7 +2,7 @@
 samples/s on this machine, with the policy lag bounded (TianJi's balance of
 sample production against consumption).
 
-The cost model, per agent step, in core-seconds measured by fastrl.profiling:
+The cost model, per agent step, in core-seconds measured by fastrl.tuning.profiling:
     env      one env step (no model)
     forward  one sample of inference at a given batch size
     train    one sample of one learner gradient pass (times ppo_epochs), in wall
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fastrl.proc import on_one_core
+from fastrl.plumbing.proc import on_one_core
 
 # What the planner may choose; every other option stays as configured.
 PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers",
@@ -310,7 +310,7 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
     `env`, the rest timing the model on random data, inference at several batch
     sizes on one thread (actors run one) and a learner gradient pass on 1 and 2
     threads, interleaved."""
-    from fastrl.profiling import measure_model, usable_cores
+    from fastrl.tuning.profiling import measure_model, usable_cores
 
     cores = usable_cores()
     with on_one_core(cfg.pin_workers):  # where the runner made `env` when workers are pinned
@@ -351,7 +351,7 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
 
     import torch
 
-    from fastrl.profiling import machine_info
+    from fastrl.tuning.profiling import machine_info
 
     setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
                   "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")

@@ -8,7 +8,7 @@ import traceback
 
 import numpy as np
 
-from fastrl.seeding import episode_seed
+from fastrl.plumbing.seeding import episode_seed
 
 
 class EnvFailedError(RuntimeError):

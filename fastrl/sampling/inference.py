@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.model import ActorCritic, load_flat_state
+from fastrl.algo.model import ActorCritic, load_flat_state
 
 
 def resolve_precision(cfg) -> str:

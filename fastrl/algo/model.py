@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fastrl.distributions import ActionSpec
+from fastrl.algo.distributions import ActionSpec
 
 ObsLayout = Dict[str, Tuple[Tuple[int, ...], torch.dtype]]
 

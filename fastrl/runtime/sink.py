@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import queue
 
-from fastrl.polling import get_many_polling
-from fastrl.stats_board import Timer
+from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
 

@@ -36,11 +36,11 @@ import warnings
 import torch
 
 from envs.registry import get_spec
-from fastrl.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_best
-from fastrl.inference import build_model
-from fastrl.learner import checkpoint_dir
-from fastrl.model import load_flat_state, obs_to_tensors
-from fastrl.rollout_worker import env_options
+from fastrl.algo.model import load_flat_state, obs_to_tensors
+from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_best
+from fastrl.learning.learner import checkpoint_dir
+from fastrl.sampling.inference import build_model
+from fastrl.sampling.rollout_worker import env_options
 
 POLL_S = 0.1
 NICENESS = 5

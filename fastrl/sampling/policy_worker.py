@@ -8,9 +8,9 @@ import time
 
 import torch
 
-from fastrl.inference import PolicyCopy
-from fastrl.polling import get_many_polling
-from fastrl.stats_board import Timer
+from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.stats_board import Timer
+from fastrl.sampling.inference import PolicyCopy
 
 QUEUE_TIMEOUT_S = 0.1
 
