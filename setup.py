@@ -20,8 +20,12 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=["fastrl", "fastrl.algo", "fastrl.plumbing", "fastrl.sampling", "fastrl.learning", "fastrl.tuning",
-              "fastrl.runtime", "fastrl.cuda", "envs", "envs.doom"],
-    package_data={"envs.doom": ["scenarios/*"]},
+              "fastrl.runtime", "fastrl.cuda", "fastrl.envs", "fastrl.envs.doom"],
+    # envs/ stays a top-level folder of the repository (envs know nothing of the
+    # trainer) but installs inside fastrl's namespace: a top-level "envs" package
+    # would clash with any other project's of that name.
+    package_dir={"fastrl.envs": "envs"},
+    package_data={"fastrl.envs.doom": ["scenarios/*"]},
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",

@@ -22,8 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def worker(env_name: str, seconds: float, seed: int, barrier, results) -> None:
     import numpy as np
-
-    from envs.registry import get_spec
+    from fastrl.envs.registry import get_spec
 
     spec = get_spec(env_name)
     env = spec.make(seed=seed)

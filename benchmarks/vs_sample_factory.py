@@ -369,7 +369,7 @@ side, name, procs, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(s
 
 def make(seed):
     if side == "fastrl":
-        from envs.registry import get_spec
+        from fastrl.envs.registry import get_spec
         return get_spec(name).make(seed=seed)
     from sf_examples.vizdoom.doom.doom_params import default_doom_cfg
     from sf_examples.vizdoom.doom.doom_utils import doom_env_by_name, make_doom_env_from_spec

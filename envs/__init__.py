@@ -1,5 +1,5 @@
-"""Environments fastrl trains on, behind one registry (envs.registry).
+"""Environments fastrl trains on, behind one registry (fastrl.envs.registry).
 They know nothing of the trainer."""
-from envs.registry import EnvSpec, UnknownEnvError, get_spec, known_env_names
+from fastrl.envs.registry import EnvSpec, UnknownEnvError, get_spec, known_env_names
 
 __all__ = ["EnvSpec", "UnknownEnvError", "get_spec", "known_env_names"]

@@ -46,12 +46,12 @@ class EnvSpec:
 
 
 def _doom_spec(name: str) -> EnvSpec:
-    from envs.doom.scenarios import SCENARIOS
+    from fastrl.envs.doom.scenarios import SCENARIOS
 
     scenario = SCENARIOS[name]
 
     def make(seed: int | None = None, **options) -> gymnasium.Env:
-        from envs.doom.make import make_doom_env
+        from fastrl.envs.doom.make import make_doom_env
 
         return make_doom_env(name, seed, **options)
 
@@ -90,7 +90,7 @@ def _module_spec(name: str) -> EnvSpec:
 
 
 def _atari_spec(name: str) -> EnvSpec:
-    from envs import atari
+    from fastrl.envs import atari
 
     def make(seed: int | None = None, **options) -> gymnasium.Env:
         return atari.make_atari_env(name, seed, **options)
@@ -99,8 +99,8 @@ def _atari_spec(name: str) -> EnvSpec:
 
 
 def fastrl_env_names() -> list:
-    from envs.atari import atari_env_names
-    from envs.doom.scenarios import SCENARIOS
+    from fastrl.envs.atari import atari_env_names
+    from fastrl.envs.doom.scenarios import SCENARIOS
 
     return list(SCENARIOS) + list(atari_env_names())
 
@@ -111,8 +111,8 @@ def known_env_names() -> list:
 
 
 def get_spec(name: str) -> EnvSpec:
-    from envs.atari import PREFIX, atari_env_names
-    from envs.doom.scenarios import SCENARIOS
+    from fastrl.envs.atari import PREFIX, atari_env_names
+    from fastrl.envs.doom.scenarios import SCENARIOS
 
     if name in SCENARIOS:
         return _doom_spec(name)
@@ -134,7 +134,7 @@ def _unknown_message(name: str) -> str:
         guess = [folded[g] for g in guess]
     if guess:
         return f"Unknown env {name!r}: did you mean {guess[0]!r}?"
-    from envs.doom.scenarios import SCENARIOS
+    from fastrl.envs.doom.scenarios import SCENARIOS
 
     return (f"Unknown env {name!r}: it is neither a fastrl env ({', '.join(SCENARIOS)}, atari_<game> "
             "like atari_pong) nor a registered gymnasium id.")

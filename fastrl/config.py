@@ -240,7 +240,7 @@ def validate(cfg: Config) -> None:
 def check_env_and_options(cfg: Config):
     """validate() plus the env name, without importing torch; returns the EnvSpec."""
     validate(cfg)
-    from envs.registry import UnknownEnvError, get_spec
+    from fastrl.envs.registry import UnknownEnvError, get_spec
 
     try:
         return get_spec(cfg.env)

@@ -147,7 +147,7 @@ def play_episode(env, model, seed: int, deterministic: bool, video: Optional[Vid
 
 
 def run(args) -> None:
-    from envs.registry import UnknownEnvError, get_spec
+    from fastrl.envs.registry import UnknownEnvError, get_spec
     from fastrl.sampling.rollout_worker import env_options
 
     if args.episodes < 1:

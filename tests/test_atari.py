@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from envs.atari import AtariEnv  # noqa: E402
-from envs.registry import UnknownEnvError, get_spec  # noqa: E402
+from fastrl.envs.atari import AtariEnv  # noqa: E402
+from fastrl.envs.registry import UnknownEnvError, get_spec  # noqa: E402
 
 NOOP = 0
 

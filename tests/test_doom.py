@@ -14,10 +14,10 @@ import pytest
 vizdoom = pytest.importorskip("vizdoom")
 pytest.importorskip("cv2")
 
-from envs.doom import engine  # noqa: E402
-from envs.doom._reaper import pid_alive, shm_names  # noqa: E402
-from envs.doom.engine import cleanup_stale_doom_shm  # noqa: E402
-from envs.registry import get_spec  # noqa: E402
+from fastrl.envs.doom import engine  # noqa: E402
+from fastrl.envs.doom._reaper import pid_alive, shm_names  # noqa: E402
+from fastrl.envs.doom.engine import cleanup_stale_doom_shm  # noqa: E402
+from fastrl.envs.registry import get_spec  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMED = ["doom_battle", "doom_deathmatch", "doom_basic", "doom_defend_the_center",
@@ -321,8 +321,8 @@ def test_watchdog_releases_a_mutex_whose_owner_died(tmp_path):
 CHILD = textwrap.dedent("""\
     import os, signal, sys, time
     sys.path.insert(0, {repo!r})
-    from envs.registry import get_spec
-    from envs.doom import engine
+    from fastrl.envs.registry import get_spec
+    from fastrl.envs.doom import engine
     if {foreign_handler!r}:
         signal.signal(signal.SIGTERM, lambda *a: os._exit(3))  # a handler that closes nothing
     env = get_spec("doom_battle").make(seed=0)

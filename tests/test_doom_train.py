@@ -8,8 +8,7 @@ import statistics
 import numpy as np
 import psutil
 import pytest
-
-from envs.registry import get_spec
+from fastrl.envs.registry import get_spec
 from helpers import TrainRun, read_summary
 
 

@@ -22,7 +22,7 @@ ENV = "CartPole-v1"
 def _make_experiment(train_dir: str, name: str = "tiny") -> Config:
     """A real experiment folder as the trainer leaves it, without training: config.json
     and one checkpoint in the learner's format, of an untrained GRU model."""
-    from envs.registry import get_spec
+    from fastrl.envs.registry import get_spec
 
     cfg = Config(env=ENV, experiment=name, train_dir=train_dir, hidden_sizes="16", use_rnn=True, rnn_size=8)
     env = get_spec(ENV).make(seed=0)
@@ -50,7 +50,7 @@ def test_enjoy_prints_returns_and_writes_a_decodable_video(tmp_path):
 
     # The same saved policy, played here on the same seeds, must give the same episodes:
     # the subprocess really loaded the checkpoint and carried the GRU state.
-    from envs.registry import get_spec
+    from fastrl.envs.registry import get_spec
 
     env = get_spec(ENV).make(seed=5)
     model = build_model(cfg, env.observation_space, env.action_space)

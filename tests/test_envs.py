@@ -1,10 +1,9 @@
 """The env registry: names, frameskips, gymnasium ids, errors for unknown names."""
 import numpy as np
 import pytest
-
-from envs.doom.actions import ActionMapper, TURN_ANGLES
-from envs.doom.scenarios import SCENARIOS
-from envs.registry import EnvSpec, UnknownEnvError, get_spec, known_env_names
+from fastrl.envs.doom.actions import TURN_ANGLES, ActionMapper
+from fastrl.envs.doom.scenarios import SCENARIOS
+from fastrl.envs.registry import EnvSpec, UnknownEnvError, get_spec, known_env_names
 
 DOOM_NAMES = ["doom_battle", "doom_deathmatch", "doom_basic", "doom_defend_the_center",
               "doom_health_gathering_supreme", "doom_deadly_corridor", "doom_my_way_home", "doom_custom"]

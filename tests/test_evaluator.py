@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fastrl.envs.registry import get_spec
 
-from envs.registry import get_spec
 from fastrl.algo.model import flat_state, flat_state_size
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_checkpoint, save_best

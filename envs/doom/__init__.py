@@ -4,22 +4,22 @@ Importing this package does not import vizdoom; DoomEnv and make_doom_env do,
 on first use, so the registry can name Doom envs where the Doom extra is not
 installed and say how to install it.
 """
-from envs.doom.scenarios import SCENARIOS, DoomScenario, get_scenario
+from fastrl.envs.doom.scenarios import SCENARIOS, DoomScenario, get_scenario
 
 __all__ = ["SCENARIOS", "DoomScenario", "get_scenario", "DoomEnv", "make_doom_env", "cleanup_stale_doom_shm"]
 
 
 def __getattr__(name):
     if name == "DoomEnv":
-        from envs.doom.doom_env import DoomEnv
+        from fastrl.envs.doom.doom_env import DoomEnv
 
         return DoomEnv
     if name == "make_doom_env":
-        from envs.doom.make import make_doom_env
+        from fastrl.envs.doom.make import make_doom_env
 
         return make_doom_env
     if name == "cleanup_stale_doom_shm":
-        from envs.doom.engine import cleanup_stale_doom_shm
+        from fastrl.envs.doom.engine import cleanup_stale_doom_shm
 
         return cleanup_stale_doom_shm
-    raise AttributeError(f"module 'envs.doom' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,10 +35,9 @@ import cv2
 import gymnasium as gym
 import numpy as np
 import vizdoom as vzd
-
-from envs.doom import engine
-from envs.doom.actions import ActionMapper
-from envs.doom.scenarios import BATTLE_SHAPING, DoomScenario, get_scenario
+from fastrl.envs.doom import engine
+from fastrl.envs.doom.actions import ActionMapper
+from fastrl.envs.doom.scenarios import BATTLE_SHAPING, DoomScenario, get_scenario
 
 FRAMESKIP = 4
 OBS_HEIGHT, OBS_WIDTH = 72, 128

@@ -69,8 +69,8 @@ import threading
 import time
 import weakref
 
-from envs.doom import _reaper
-from envs.doom._reaper import SHM_DIR, pid_alive, shm_names, unlink_game_segments
+from fastrl.envs.doom import _reaper
+from fastrl.envs.doom._reaper import SHM_DIR, pid_alive, shm_names, unlink_game_segments
 
 OWNER_ENV_VAR = "FASTRL_DOOM_OWNER_PID"
 _HERE = os.path.dirname(os.path.abspath(__file__))

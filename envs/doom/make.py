@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from envs.doom.scenarios import get_scenario
+from fastrl.envs.doom.scenarios import get_scenario
 
 # option -> (DoomEnv keyword, converter); a value of None means "not given".
 DOOM_OPTIONS = {
@@ -33,7 +33,7 @@ def make_doom_env(name: str, seed: int | None = None, **options):
             hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(DOOM_OPTIONS)}"
             raise ValueError(f"unknown Doom option {key}{hint}")
     try:
-        from envs.doom.doom_env import DoomEnv
+        from fastrl.envs.doom.doom_env import DoomEnv
     except ImportError as err:
         raise ImportError(f"{name} needs ViZDoom and OpenCV, which are not installed ({err}); "
                           "install them with: pip install 'fastrl[doom]'") from err

@@ -35,8 +35,8 @@ import warnings
 
 import torch
 
-from envs.registry import get_spec
 from fastrl.algo.model import load_flat_state, obs_to_tensors
+from fastrl.envs.registry import get_spec
 from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_best
 from fastrl.learning.learner import checkpoint_dir
 from fastrl.sampling.inference import build_model

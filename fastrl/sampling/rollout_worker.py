@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from envs.registry import get_spec
+from fastrl.envs.registry import get_spec
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.proc import pin_to_core, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed

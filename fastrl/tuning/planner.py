@@ -329,11 +329,14 @@ def _source_digest() -> str:
     would steer the plan wrong for as long as it is cached; re-profiling takes seconds."""
     import hashlib
 
-    import envs
+    import fastrl
+    from fastrl import envs
 
-    roots = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(envs.__file__)))
-    paths = sorted(os.path.join(folder, name) for root in roots for folder, _, files in os.walk(root)
-                   for name in files if name.endswith(".py"))
+    # Installed, envs/ lies inside fastrl/; in a source checkout beside it. The set
+    # reads a file once either way.
+    roots = (os.path.dirname(os.path.abspath(fastrl.__file__)), os.path.dirname(os.path.abspath(envs.__file__)))
+    paths = sorted({os.path.join(folder, name) for root in roots for folder, _, files in os.walk(root)
+                    for name in files if name.endswith(".py")})
     digest = hashlib.sha1()
     for path in paths:
         with open(path, "rb") as fh:

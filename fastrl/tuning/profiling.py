@@ -31,8 +31,8 @@ import gymnasium as gym
 import psutil
 import torch
 
-from envs.registry import get_spec
 from fastrl.algo.model import obs_zeros
+from fastrl.envs.registry import get_spec
 from fastrl.learning.learner import gradient_step
 from fastrl.plumbing.proc import pin_to_core, run_child
 from fastrl.plumbing.seeding import env_seed
