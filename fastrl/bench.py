@@ -40,6 +40,7 @@ import torch
 from tqdm import tqdm
 
 from fastrl.config import Config, ConfigError, build_parser, parse_args
+from fastrl.plumbing.proc import usable_cores
 from fastrl.plumbing.stats_board import FIELDS
 from fastrl.tuning.bottleneck import diagnose
 from fastrl.tuning.profiling import (
@@ -50,7 +51,6 @@ from fastrl.tuning.profiling import (
     mean_model_profile,
     measure_env,
     measure_model,
-    usable_cores,
 )
 
 MODES = ("env", "infer", "sample", "train")
@@ -370,7 +370,7 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
 def _measure_limits(cfg: Config, limits: list, obs_space, action_space, seconds: float, warmup: float,
                     progress: _Progress, label: str) -> tuple:
     """(EnvProfile or None, ModelProfile or None) for the modes in `limits`."""
-    from fastrl.runtime.runner import resolve_device
+    from fastrl.algo.model import resolve_device
 
     env = model = None
     if "env" in limits:

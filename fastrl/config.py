@@ -248,6 +248,20 @@ def check_env_and_options(cfg: Config):
         raise ConfigError(str(err)) from None
 
 
+def env_options(cfg: Config) -> dict:
+    """The env options (fastrl.envs.registry) this config asks for; every env of a run gets them."""
+    options = {}
+    if cfg.doom_scenario:
+        options["doom_scenario"] = cfg.doom_scenario
+    if cfg.doom_measurements:
+        options["doom_measurements"] = True
+    if cfg.atari_sticky_actions:
+        options["atari_sticky_actions"] = True
+    if not cfg.atari_episodic_life:
+        options["atari_episodic_life"] = False
+    return options
+
+
 def _check_writable(path: str) -> None:
     probe = os.path.abspath(path)
     while not os.path.exists(probe):

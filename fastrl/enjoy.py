@@ -24,11 +24,15 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from fastrl.algo.model import obs_to_tensors
+from fastrl.algo.model import build_model, obs_to_tensors
 from fastrl.config import Config
-from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, load_latest_checkpoint
-from fastrl.learning.learner import checkpoint_dir
-from fastrl.sampling.inference import build_model
+from fastrl.learning.checkpoint import (
+    BEST_NAME,
+    CheckpointError,
+    checkpoint_dir,
+    load_checkpoint,
+    load_latest_checkpoint,
+)
 
 DEFAULT_VIDEO_FPS = 30
 
@@ -147,8 +151,8 @@ def play_episode(env, model, seed: int, deterministic: bool, video: Optional[Vid
 
 
 def run(args) -> None:
+    from fastrl.config import env_options
     from fastrl.envs.registry import UnknownEnvError, get_spec
-    from fastrl.sampling.rollout_worker import env_options
 
     if args.episodes < 1:
         raise EnjoyError(f"--episodes is {args.episodes} but must be at least 1.")

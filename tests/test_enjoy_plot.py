@@ -9,11 +9,10 @@ import cv2
 import torch
 
 from fastrl import enjoy, plot
+from fastrl.algo.model import build_model
 from fastrl.config import Config, save_config
-from fastrl.learning.checkpoint import save_checkpoint
-from fastrl.learning.learner import checkpoint_dir
+from fastrl.learning.checkpoint import checkpoint_dir, save_checkpoint
 from fastrl.runtime.monitor import Monitor
-from fastrl.sampling.inference import build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "CartPole-v1"

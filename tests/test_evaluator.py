@@ -13,14 +13,12 @@ import pytest
 import torch
 from fastrl.envs.registry import get_spec
 
-from fastrl.algo.model import flat_state, flat_state_size
+from fastrl.algo.model import build_model, flat_state, flat_state_size
 from fastrl.config import Config
-from fastrl.learning.checkpoint import load_checkpoint, save_best
+from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_best
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import checkpoint_dir
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
-from fastrl.sampling.inference import build_model
 
 RESULT_TIMEOUT_S = 30.0
 EVERY = 1000

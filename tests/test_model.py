@@ -321,8 +321,8 @@ def test_bf16_inference_weights_give_autocasts_numbers_and_follow_every_update()
 
 
 def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):
+    from fastrl.algo.model import build_model, resolve_precision
     from fastrl.config import parse_args
-    from fastrl.sampling.inference import build_model, resolve_precision
 
     def cfg(*args):
         return parse_args(["--env", "CartPole-v1", *args])[0]

@@ -125,7 +125,7 @@ def test_adapter_moves_a_core_to_a_busy_learner_and_back():
 
 
 def test_cached_profile_is_reused_until_the_code_changes(tmp_path, monkeypatch):
-    from fastrl.tuning import planner
+    from fastrl.tuning import profiling
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     profiled = []
@@ -134,14 +134,14 @@ def test_cached_profile_is_reused_until_the_code_changes(tmp_path, monkeypatch):
         profiled.append(1)
         return learner_bound(2)
 
-    monkeypatch.setattr(planner, "profile_costs", fake_profile)
+    monkeypatch.setattr(profiling, "profile_costs", fake_profile)
     env = type("Env", (), {"observation_space": None, "action_space": None})()
-    first, cached = planner.cached_costs(cfg(), env, 1.0)
+    first, cached = profiling.cached_costs(cfg(), env, 1.0)
     assert not cached and first == learner_bound(2)
-    again, cached = planner.cached_costs(cfg(), env, 1.0)
+    again, cached = profiling.cached_costs(cfg(), env, 1.0)
     assert cached and again == first and len(profiled) == 1
-    monkeypatch.setattr(planner, "_source_digest", lambda: "edited sources")
-    _, cached = planner.cached_costs(cfg(), env, 1.0)
+    monkeypatch.setattr(profiling, "_source_digest", lambda: "edited sources")
+    _, cached = profiling.cached_costs(cfg(), env, 1.0)
     assert not cached and len(profiled) == 2
 
 
@@ -206,7 +206,7 @@ class _TimedEnv:
 
 
 def test_env_profile_skips_the_settling_slice_and_takes_the_median():
-    from fastrl.tuning.planner import time_env_steps
+    from fastrl.tuning.profiling import time_env_steps
 
     # Slices of 0.1 s: 1 ms a step, but 5 ms while the game settles (the first
     # slice) and 3 ms through one disturbed slice later on: neither moves the answer.

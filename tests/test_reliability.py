@@ -16,13 +16,12 @@ import pytest
 import torch
 from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
 
-from fastrl.algo.model import flat_state
+from fastrl.algo.model import build_model, flat_state
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_checkpoint, load_latest_checkpoint
 from fastrl.learning.learner import Learner
 from fastrl.plumbing.params import SharedParams
 from fastrl.plumbing.stats_board import StatsBoard
-from fastrl.sampling.inference import build_model
 
 # Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch, one
 # gradient step per batch. Every layout option is given, so neither the planner nor

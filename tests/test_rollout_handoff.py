@@ -8,13 +8,13 @@ import numpy as np
 import torch
 
 from fastrl.algo.distributions import ActionSpec
-from fastrl.algo.model import flat_state, flat_state_size, obs_layout
+from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout
 from fastrl.config import Config
 from fastrl.plumbing.buffers import TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.runtime.supervision import HeldBuffers
-from fastrl.sampling.inference import LocalPolicy, build_model
+from fastrl.sampling.inference import LocalPolicy
 from fastrl.sampling.rollout_worker import RolloutWorker
 
 ROLLOUT, ENVS = 4, 2

@@ -16,6 +16,9 @@ it flattens time into the batch, with one it runs the encoders batched and loops
 the GRU cell over time (its input projection batched over all steps), resetting the
 state where an episode begins. Inference and learner unroll share `_encode` and
 `gru_step`, so they agree by construction (and the tests check that they do).
+
+`build_model` makes the network a run's config asks for; `resolve_device` and
+`resolve_precision` decide its `auto` options.
 """
 
 import copy
@@ -578,3 +581,41 @@ def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
+
+
+# --------------------------------------------------------------------------------------
+# From the configuration
+
+def resolve_device(cfg) -> str:
+    """cfg.device with auto decided: cuda when torch sees a device, else cpu."""
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def resolve_precision(cfg) -> str:
+    """cfg.precision with auto decided. bf16 pays only where the CPU has bfloat16
+    instructions: elsewhere oneDNN emulates it, slower than fp32. On CUDA auto stays
+    fp32 because no GPU measurement backs another choice yet."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    on_cuda = resolve_device(cfg) == "cuda"
+    # Private torch helpers: a torch without them counts as no native bf16.
+    native = any(getattr(torch.cpu, probe, lambda: False)()
+                 for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return "bf16" if native and not on_cuda else "fp32"
+
+
+def build_model(cfg, obs_space, action_space) -> ActorCritic:
+    return ActorCritic(
+        obs_space,
+        action_space,
+        hidden_sizes=cfg.hidden_size_tuple,
+        use_rnn=cfg.use_rnn,
+        rnn_size=cfg.rnn_size,
+        activation=cfg.activation,
+        normalize_obs=cfg.normalize_obs,
+        separate_critic=cfg.separate_critic,
+        conv_bf16=resolve_precision(cfg) == "bf16",
+        normalize_returns=cfg.normalize_returns,
+    )

@@ -38,6 +38,11 @@ class CheckpointError(Exception):
     """A checkpoint file is missing, truncated, corrupt or unreadable."""
 
 
+def checkpoint_dir(cfg) -> str:
+    """Where an experiment's checkpoints live: <experiment>/checkpoints."""
+    return os.path.join(cfg.experiment_dir, "checkpoints")
+
+
 def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -35,12 +35,10 @@ import warnings
 
 import torch
 
-from fastrl.algo.model import load_flat_state, obs_to_tensors
+from fastrl.algo.model import build_model, load_flat_state, obs_to_tensors
+from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
-from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_best
-from fastrl.learning.learner import checkpoint_dir
-from fastrl.sampling.inference import build_model
-from fastrl.sampling.rollout_worker import env_options
+from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, checkpoint_dir, load_checkpoint, save_best
 
 POLL_S = 0.1
 NICENESS = 5

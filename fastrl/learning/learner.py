@@ -4,7 +4,6 @@ and publishes the new parameters with a version. Owns the checkpoints."""
 from __future__ import annotations
 
 import math
-import os
 import queue
 import time
 
@@ -12,11 +11,10 @@ import numpy as np
 import torch
 
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
-from fastrl.algo.model import flat_state, load_flat_state
-from fastrl.learning.checkpoint import load_checkpoint, save_checkpoint
+from fastrl.algo.model import build_model, flat_state, load_flat_state
+from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.stats_board import Timer
-from fastrl.sampling.inference import build_model
 
 QUEUE_TIMEOUT_S = 0.1
 METRICS_EVERY_S = 1.0
@@ -27,10 +25,6 @@ KL_ADAPT_FACTOR, KL_ADAPT_MIN_LR, KL_ADAPT_MAX_LR = 1.5, 1e-6, 1e-2
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def checkpoint_dir(cfg) -> str:
-    return os.path.join(cfg.experiment_dir, "checkpoints")
 
 
 class Learner:

@@ -109,6 +109,14 @@ def use_batch_scheduling(nice: int = 0) -> None:
         pass  # a sandbox that forbids it: the default policy only costs throughput
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (a container or taskset may allow fewer than exist)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def pin_to_core(index: int) -> None:
     """Run this process, and every process it starts from now on, on the index-th
     (round-robin) of the cores it may use. A no-op where affinity cannot be set.

@@ -23,26 +23,24 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
 from fastrl.algo.distributions import ActionSpec
-from fastrl.algo.model import flat_state, flat_state_size, obs_layout
-from fastrl.config import Config, ConfigError, check_env_and_options, save_config, validate
-from fastrl.learning.checkpoint import load_latest_checkpoint
+from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout, resolve_device
+from fastrl.config import Config, ConfigError, check_env_and_options, env_options, save_config, validate
+from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import checkpoint_dir, learner_main
+from fastrl.learning.learner import learner_main
 from fastrl.plumbing.buffers import TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
-from fastrl.plumbing.proc import on_one_core, run_child, start_process_server
+from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.runtime.monitor import Monitor, scalars_from
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import HeldBuffers, WorkerSupervisor
-from fastrl.sampling.inference import build_model
 from fastrl.sampling.policy_worker import policy_worker_main
-from fastrl.sampling.rollout_worker import env_options, rollout_worker_main
-from fastrl.tuning import planner
+from fastrl.sampling.rollout_worker import rollout_worker_main
+from fastrl.tuning import planner, profiling
 from fastrl.tuning.adapt import ThreadAdapter
-from fastrl.tuning.profiling import usable_cores
 
 JOIN_TIMEOUT_S = 10.0
 PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process server's imports
@@ -87,12 +85,6 @@ class SharedContext:
     learner_threads: Any  # shared [1] tensor: the learner's thread count, which the adapter may move
 
 
-def resolve_device(cfg: Config) -> str:
-    if cfg.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.device
-
-
 def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[planner.Plan]:
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
     when resuming, else a fresh one from a start-up profile of `env` and the model."""
@@ -108,7 +100,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[plann
                               "or use --plan auto") from None
         print(f"fastrl: using the plan in {path}", flush=True)
         return plan
-    costs, cached = planner.cached_costs(cfg, env, PROFILE_SECONDS)
+    costs, cached = profiling.cached_costs(cfg, env, PROFILE_SECONDS)
     if cached:
         print("fastrl: planning from this machine's cached profile of this setup", flush=True)
     try:

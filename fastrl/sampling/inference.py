@@ -6,35 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.algo.model import ActorCritic, load_flat_state
-
-
-def resolve_precision(cfg) -> str:
-    """cfg.precision with auto decided. bf16 pays only where the CPU has bfloat16
-    instructions: elsewhere oneDNN emulates it, slower than fp32. On CUDA auto stays
-    fp32 because no GPU measurement backs another choice yet."""
-    if cfg.precision != "auto":
-        return cfg.precision
-    on_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    # Private torch helpers: a torch without them counts as no native bf16.
-    native = any(getattr(torch.cpu, probe, lambda: False)()
-                 for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return "bf16" if native and not on_cuda else "fp32"
-
-
-def build_model(cfg, obs_space, action_space) -> ActorCritic:
-    return ActorCritic(
-        obs_space,
-        action_space,
-        hidden_sizes=cfg.hidden_size_tuple,
-        use_rnn=cfg.use_rnn,
-        rnn_size=cfg.rnn_size,
-        activation=cfg.activation,
-        normalize_obs=cfg.normalize_obs,
-        separate_critic=cfg.separate_critic,
-        conv_bf16=resolve_precision(cfg) == "bf16",
-        normalize_returns=cfg.normalize_returns,
-    )
+from fastrl.algo.model import build_model, load_flat_state
 
 
 class PolicyCopy:

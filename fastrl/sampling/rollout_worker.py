@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.proc import pin_to_core, use_batch_scheduling
@@ -19,19 +20,6 @@ from fastrl.sampling.inference import LocalPolicy
 
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/plumbing/polling.py)
 EPISODE_FLUSH_S = 0.5
-
-
-def env_options(cfg) -> dict:
-    options = {}
-    if cfg.doom_scenario:
-        options["doom_scenario"] = cfg.doom_scenario
-    if cfg.doom_measurements:
-        options["doom_measurements"] = True
-    if cfg.atari_sticky_actions:
-        options["atari_sticky_actions"] = True
-    if not cfg.atari_episodic_life:
-        options["atari_episodic_life"] = False
-    return options
 
 
 class RolloutWorker:

@@ -8,6 +8,8 @@ numbers and the resource planner decides process layouts from them.
 - `compute_bound_limit`: the rate at which these cores could step the envs and run
   the model's forward and backward passes if nothing ever waited.
 - `machine_info`: the CPU, cores, GPU and software versions a result belongs to.
+- `cached_costs`: the planner's Costs, profiled in a second or two at start-up and
+  cached per machine and setup, so that only a setup's first run pays for it.
 
 The planner adds up the cost of stepping, acting and learning and divides the
 cores among them, so every cost it needs comes in core-seconds per sample (threads
@@ -18,6 +20,8 @@ count it was measured at.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import multiprocessing
 import os
 import platform
@@ -31,13 +35,15 @@ import gymnasium as gym
 import psutil
 import torch
 
-from fastrl.algo.model import obs_zeros
+import fastrl
+from fastrl import envs
+from fastrl.algo.model import build_model, obs_zeros
+from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.learner import gradient_step
-from fastrl.plumbing.proc import pin_to_core, run_child
+from fastrl.plumbing.proc import on_one_core, pin_to_core, run_child, usable_cores
 from fastrl.plumbing.seeding import env_seed
-from fastrl.sampling.inference import build_model
-from fastrl.sampling.rollout_worker import env_options
+from fastrl.tuning.planner import Costs
 
 ENV_START_TIMEOUT_S = 300.0  # creating many ViZDoom games can take minutes on a busy machine
 ENV_FINISH_SLACK_S = 60.0  # one round of stepping every env may overrun the window
@@ -52,14 +58,6 @@ class ProfilingError(RuntimeError):
 
 
 Progress = Optional[Callable[[float], None]]  # called with the seconds measured so far
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (a container or taskset may allow fewer than exist)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------------------
@@ -449,3 +447,107 @@ def machine_info() -> dict:
     if physical:
         info["physical_cores"] = physical
     return info
+
+
+# --------------------------------------------------------------------------------------
+# The planner's costs, measured at start-up and cached
+
+FORWARD_BATCHES = (4, 8, 16, 32, 64, 128)
+# What a rollout worker adds to a bare env step: the action conversion, the
+# shared-memory writes and the episode bookkeeping (~4 us measured on CartPole).
+WORKER_OVERHEAD_S = 4e-6
+PROFILE_TRAJECTORIES = 8  # the learner is timed on this many trajectories: enough for a stable per-sample cost
+ENV_CHUNKS = 4  # timed slices of the env profile, of which the median counts
+MIN_STEPS_PER_CHUNK = 10
+
+
+def time_env_steps(env, seconds: float, chunks: int = ENV_CHUNKS, clock=time.perf_counter) -> float:
+    """Core-seconds per agent step of `env` with random actions, stepped here: the
+    median over `chunks` equal slices of `seconds`, after one more slice untimed.
+
+    The untimed slice lets a fresh game settle; the median keeps a slice that
+    shared its core with something else (the process server importing torch
+    beside the trainer's own start) from moving the plan.
+    An env that raises is timed on the steps it took: its failures are the rollout
+    workers' to handle (they re-create it, or stop the run naming it), not a reason
+    to die here with a bare traceback before any worker starts."""
+    slice_s = seconds / (chunks + 1)
+    per_step, steps, start = [], 0, clock()  # per_step[0] is the settling slice
+    try:
+        env.reset()
+        while len(per_step) <= chunks:
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            steps += 1
+            if terminated or truncated:
+                env.reset()
+            elapsed = clock() - start
+            if elapsed >= slice_s and steps >= MIN_STEPS_PER_CHUNK:
+                per_step.append(elapsed / steps)
+                steps, start = 0, clock()
+    except Exception:
+        per_step.append((clock() - start) / max(steps, 1))
+    return statistics.median(per_step[1:] or per_step)
+
+
+def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
+    """Measure this machine's costs in about `seconds` (plus torch's one-off warm-up
+    on first use, ~1.5 s, and at least a few rounds of the model): a third stepping
+    `env`, the rest timing the model on random data, inference at several batch
+    sizes on one thread (actors run one) and a learner gradient pass on 1 and 2
+    threads, interleaved."""
+    cores = usable_cores()
+    with on_one_core(cfg.pin_workers):  # where the runner made `env` when workers are pinned
+        env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
+    small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
+    threads = [1, 2] if cores >= 2 else [1]
+    model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3,
+                          forward_threads=[1])
+    return Costs(cores=cores, env_s=env_s, forward_s=dict(model.forward_s_per_sample[1]),
+                 train_s=dict(model.train_s_per_sample))
+
+
+def _source_digest() -> str:
+    """A hash of fastrl's and its envs' Python sources. A code change can change every
+    cost (a faster encoder, a cheaper env step), and a profile timed on the old code
+    would steer the plan wrong for as long as it is cached; re-profiling takes seconds."""
+    # Installed, envs/ lies inside fastrl/; in a source checkout beside it. The set
+    # reads a file once either way.
+    roots = (os.path.dirname(os.path.abspath(fastrl.__file__)), os.path.dirname(os.path.abspath(envs.__file__)))
+    paths = sorted({os.path.join(folder, name) for root in roots for folder, _, files in os.walk(root)
+                    for name in files if name.endswith(".py")})
+    digest = hashlib.sha1()
+    for path in paths:
+        with open(path, "rb") as fh:
+            digest.update(os.path.basename(path).encode() + fh.read())
+    return digest.hexdigest()
+
+
+def cached_costs(cfg, env, seconds: float) -> tuple:
+    """profile_costs, remembered per machine, torch version, fastrl source, env, model
+    options and worker pinning under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first
+    run of a setup pays for the profile. Returns (costs, whether it came from the cache).
+    A cached profile can be stale if the machine's load changed: --plan auto after
+    deleting the file, or the bench CLI, measures afresh."""
+    setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
+                  "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")
+    key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
+                      "code": _source_digest(), **{k: getattr(cfg, k) for k in setup_keys}}, sort_keys=True)
+    root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
+    path = os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        data["forward_s"] = {int(k): v for k, v in data["forward_s"].items()}
+        data["train_s"] = {int(k): v for k, v in data["train_s"].items()}
+        return Costs(**data), True
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds)
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(asdict(costs), fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # no cache dir: the next run profiles again, nothing worse
+    return costs, False
