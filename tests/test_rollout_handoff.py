@@ -10,10 +10,9 @@ import torch
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout
 from fastrl.config import Config
-from fastrl.plumbing.buffers import TrajectoryBuffers
+from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
-from fastrl.runtime.supervision import HeldBuffers
 from fastrl.sampling.inference import LocalPolicy
 from fastrl.sampling.rollout_worker import RolloutWorker
 

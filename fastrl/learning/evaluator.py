@@ -39,6 +39,7 @@ from fastrl.algo.model import build_model, load_flat_state, obs_to_tensors
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, checkpoint_dir, load_checkpoint, save_best
+from fastrl.plumbing.context import SharedContext
 
 POLL_S = 0.1
 NICENESS = 5
@@ -49,7 +50,7 @@ QUEUE_TIMEOUT_S = 10.0
 
 
 class Evaluator:
-    def __init__(self, cfg, ctx, result_queue, frames_offset: int = 0):
+    def __init__(self, cfg, ctx: SharedContext, result_queue, frames_offset: int = 0):
         if cfg.eval_every_frames <= 0:
             raise ValueError(f"eval_every_frames={cfg.eval_every_frames}: start the evaluator only when it is positive.")
         self.cfg, self.ctx, self.result_queue = cfg, ctx, result_queue
@@ -179,7 +180,7 @@ class Evaluator:
         self.envs = []
 
 
-def evaluator_main(cfg, ctx, result_queue, frames_offset: int = 0) -> None:
+def evaluator_main(cfg, ctx: SharedContext, result_queue, frames_offset: int = 0) -> None:
     """Entry point of the evaluator process. frames_offset is the env frames of the
     checkpoint a run resumed from, as the learner gets it, so that reported frames
     count from the experiment's start."""

@@ -13,6 +13,7 @@ import torch
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, load_flat_state
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.stats_board import Timer
 
@@ -28,7 +29,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Learner:
-    def __init__(self, cfg, ctx, device: str, resume_path: str | None, frames_offset: int):
+    def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int):
         self.cfg, self.ctx = cfg, ctx
         self.device = torch.device(device)
         self.row = ctx.board.row("learner")
@@ -261,5 +262,5 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
     return out
 
 
-def learner_main(cfg, ctx, device: str, resume_path, frames_offset: int) -> None:
+def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int) -> None:
     Learner(cfg, ctx, device, resume_path, frames_offset).run()

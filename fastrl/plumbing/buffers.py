@@ -97,3 +97,23 @@ class TrajectoryBuffers:
             "truncated": truncated,
             "rnn_state0": rnn0.flatten(0, 1),
         }
+
+
+class HeldBuffers:
+    """Which trajectory buffer each worker split holds: [worker, split], -1 = none.
+
+    A worker clears its slot before handing a buffer to the learner and sets it
+    right after taking a free one, so a death between the two loses at most
+    that one index from the pool instead of ever putting one index in two places.
+    """
+
+    def __init__(self, num_workers: int, num_splits: int):
+        self.table = torch.full((num_workers, num_splits), -1, dtype=torch.int64).share_memory_()
+
+    def set(self, worker: int, split: int, buf: int) -> None:
+        self.table[worker, split] = buf
+
+    def release(self, worker: int) -> list:
+        held = [int(b) for b in self.table[worker] if b >= 0]
+        self.table[worker] = -1
+        return held

@@ -13,8 +13,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import faster_fifo
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
@@ -29,14 +28,15 @@ from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import learner_main
-from fastrl.plumbing.buffers import TrajectoryBuffers
+from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
+from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.runtime.monitor import Monitor, scalars_from
 from fastrl.runtime.sink import sink_main
-from fastrl.runtime.supervision import HeldBuffers, WorkerSupervisor
+from fastrl.runtime.supervision import WorkerSupervisor
 from fastrl.sampling.policy_worker import policy_worker_main
 from fastrl.sampling.rollout_worker import rollout_worker_main
 from fastrl.tuning import planner, profiling
@@ -62,27 +62,6 @@ class StopRequested(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-@dataclass
-class SharedContext:
-    """Everything a child process receives: spaces, shared tensors, queues, flags."""
-    obs_space: Any
-    action_space: Any
-    action_spec: Any
-    buffers: TrajectoryBuffers
-    params: SharedParams
-    board: StatsBoard
-    stop: Any
-    free_queue: Any
-    traj_queue: Any
-    episode_queue: Any
-    metrics_queue: Any
-    request_queue: Any
-    response_queues: list
-    rnn_states: list
-    held_buffers: HeldBuffers
-    learner_threads: Any  # shared [1] tensor: the learner's thread count, which the adapter may move
 
 
 def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[planner.Plan]:

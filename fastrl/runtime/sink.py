@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import queue
 
+from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
 
 
-def sink_main(cfg, ctx) -> None:
+def sink_main(cfg, ctx: SharedContext) -> None:
     row = ctx.board.row("learner")
     timer = Timer(row)
     while not ctx.stop.is_set():

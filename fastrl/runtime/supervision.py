@@ -8,33 +8,11 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 RESTART_WINDOW_S = 600.0
 MAX_RESTARTS_IN_WINDOW = 5
 # In policy-worker mode a late batch could still write actions into a dead
 # worker's buffers; waiting this long before recycling them lets it land.
 RECYCLE_DELAY_S = 1.0
-
-
-class HeldBuffers:
-    """Which trajectory buffer each worker split holds: [worker, split], -1 = none.
-
-    A worker clears its slot before handing a buffer to the learner and sets it
-    right after taking a free one, so a death between the two loses at most
-    that one index from the pool instead of ever putting one index in two places.
-    """
-
-    def __init__(self, num_workers: int, num_splits: int):
-        self.table = torch.full((num_workers, num_splits), -1, dtype=torch.int64).share_memory_()
-
-    def set(self, worker: int, split: int, buf: int) -> None:
-        self.table[worker, split] = buf
-
-    def release(self, worker: int) -> list:
-        held = [int(b) for b in self.table[worker] if b >= 0]
-        self.table[worker] = -1
-        return held
 
 
 class WorkerSupervisor:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import torch
 
 from fastrl.algo.model import build_model, load_flat_state
+from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.stats_board import BoardRow
 
 
 class PolicyCopy:
     """A read-only copy of the learner's model on `device`."""
 
-    def __init__(self, cfg, ctx, row, device: str = "cpu"):
+    def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu"):
         self.ctx, self.row = ctx, row
         self.device = torch.device(device)
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space).to(self.device)

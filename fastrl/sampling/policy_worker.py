@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.stats_board import Timer
 from fastrl.sampling.inference import PolicyCopy
@@ -15,7 +16,7 @@ from fastrl.sampling.inference import PolicyCopy
 QUEUE_TIMEOUT_S = 0.1
 
 
-def policy_worker_main(cfg, index: int, ctx, device: str) -> None:
+def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None:
     row = ctx.board.row(f"policy_{index}")
     timer = Timer(row)
     policy = PolicyCopy(cfg, ctx, row, device)

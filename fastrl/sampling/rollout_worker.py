@@ -11,6 +11,7 @@ import torch
 
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
+from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.proc import pin_to_core, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed
@@ -23,7 +24,7 @@ EPISODE_FLUSH_S = 0.5
 
 
 class RolloutWorker:
-    def __init__(self, cfg, index: int, ctx):
+    def __init__(self, cfg, index: int, ctx: SharedContext):
         self.cfg, self.index, self.ctx = cfg, index, ctx
         self.row = ctx.board.row(f"rollout_{index}")
         self.timer = Timer(self.row)
@@ -185,7 +186,7 @@ class RolloutWorker:
             self._flush_episodes()
 
 
-def rollout_worker_main(cfg, index: int, ctx) -> None:
+def rollout_worker_main(cfg, index: int, ctx: SharedContext) -> None:
     # Before the envs are made: their engines inherit the policy, niceness and core.
     use_batch_scheduling(cfg.worker_nice)
     if cfg.pin_workers:

@@ -1,0 +1,41 @@
+"""SharedContext: everything the processes of one run hold in common.
+
+The runner builds it once, before any child starts, and passes it to each child as
+an argument: its tensors travel as shared memory and its queues as faster-fifo
+handles, so every process sees the same storage. Nothing else is shared; a child
+that needs more from another process gets it through one of these fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+import faster_fifo
+import gymnasium as gym
+import torch
+
+from fastrl.algo.distributions import ActionSpec
+from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
+from fastrl.plumbing.params import SharedParams, StopFlag
+from fastrl.plumbing.stats_board import StatsBoard
+
+
+@dataclass
+class SharedContext:
+    obs_space: gym.Space
+    action_space: gym.Space
+    action_spec: ActionSpec
+    buffers: TrajectoryBuffers
+    params: SharedParams  # the learner publishes, every acting process reads
+    board: StatsBoard  # one row of counters per process
+    stop: StopFlag  # set by the runner; every loop polls it
+    # The queues carry small messages only; the data stays in `buffers`.
+    free_queue: faster_fifo.Queue  # buffer indices free to fill: consumer -> rollout workers
+    traj_queue: faster_fifo.Queue  # indices of full trajectories: rollout workers -> learner or sink
+    episode_queue: faster_fifo.Queue  # lists of (return, length, true objective): rollout workers -> runner
+    metrics_queue: faster_fifo.Queue  # dicts of loss statistics: learner -> runner
+    request_queue: faster_fifo.Queue  # (worker, split, buffer, t) wanting actions: rollout -> policy workers
+    response_queues: List[faster_fifo.Queue]  # one per rollout worker: (split, buffer, t) whose actions are written
+    rnn_states: List[torch.Tensor]  # one [splits, envs, H] per rollout worker; empty with local inference
+    held_buffers: HeldBuffers
+    learner_threads: torch.Tensor  # [1]: the learner's torch threads, which the runner's adapter may move
