@@ -64,6 +64,40 @@ class StopRequested(Exception):
         self.signum = signum
 
 
+class _StopSignals:
+    """SIGINT and SIGTERM for the length of one run, installed on creation.
+
+    Start-up may be interrupted anywhere, so until `looping` is set a signal raises
+    StopRequested where it lands. Once the loop runs, a signal is only noted and the
+    loop raises at its next poll: an exception raised at an arbitrary point could land
+    inside the TensorBoard writer's queue.put and leave its worker thread unwoken, and
+    the shutdown would then hang joining it."""
+
+    def __init__(self):
+        self.looping = False
+        self._received: list = []
+        self._previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in self._previous:
+            signal.signal(s, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        if not self.looping:
+            raise StopRequested(signum)
+        self._received.append(signum)
+
+    def raise_if_received(self) -> None:
+        if self._received:
+            raise StopRequested(self._received[0])
+
+    def ignore(self) -> None:
+        for s in self._previous:
+            signal.signal(s, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
 def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[planner.Plan]:
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
     when resuming, else a fresh one from a start-up profile of `env` and the model."""
@@ -168,6 +202,8 @@ class Runner:
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}  # worker index -> its current process
         self.training_since: Optional[float] = None  # when the first sample was trained
+        self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
+        self._last_report = 0.0
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds)
 
     def _build_context(self, model) -> SharedContext:
@@ -356,83 +392,78 @@ class Runner:
         # includes the start-up a user waits through, not just the training loop.
         start = psutil.Process().create_time()
         exit_code, reason = 0, None
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        # Start-up may be interrupted anywhere, so a signal raises there. Once the loop
-        # runs, it only sets a flag the loop checks each poll: an exception raised at an
-        # arbitrary point could land inside the TensorBoard writer's queue.put and leave
-        # its worker thread unwoken, and the shutdown would then hang joining it.
-        signalled: list = []
-        looping = False
-
-        def on_signal(signum, frame):
-            if not looping:
-                raise StopRequested(signum)
-            signalled.append(signum)
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+        signals = _StopSignals()
         try:
             self.start()
             print(f"fastrl: training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs, "
                   f"inference {cfg.inference} on {self.device}; experiment in {cfg.experiment_dir}", flush=True)
-            window = (0.0, 0, 0.0)
-            last_status = 0.0
-            looping = True
+            signals.looping = True
             while True:
-                if signalled:
-                    raise StopRequested(signalled[0])
+                signals.raise_if_received()
                 time.sleep(POLL_S)
-                elapsed = time.time() - start
-                self._drain(start, monitor)
-                failure = self._check_children()
-                if failure:
-                    print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
-                    exit_code, reason = 1, failure.splitlines()[0].rstrip(":.")
-                    break
-                if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
-                    self.training_since = time.time()
-                if observer is not None:
-                    observer(self, elapsed)
-                reason = self._should_stop(elapsed)
-                if reason or elapsed - last_status >= cfg.status_every_seconds:
-                    line = self.status_line(elapsed, window)
-                    print(line, flush=True)
-                    monitor.log(self.env_frames() + self.frames_offset, elapsed, scalars_from(
-                        board=self.ctx.board, metrics=self.metrics, returns=self.returns100,
-                        objectives=self.objectives100, episodes=self.episodes, elapsed=elapsed, window=window), status=line)
-                    for warning in self.drift.check(self.metrics):
-                        print(f"fastrl: warning: {warning}", flush=True)
-                    window = (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
-                    last_status = elapsed
-                    change = self.adapter.update(time.time()) if self.adapt and self.training_since else None
-                    if change:
-                        print(f"fastrl: {change}", flush=True)
-                        monitor.log(self.env_frames() + self.frames_offset, elapsed,
-                                    {"plan/learner_threads": float(self.adapter.threads)}, status=change)
-                if reason:
+                outcome = self._poll(start, monitor, observer)
+                if outcome:
+                    exit_code, reason = outcome
                     break
         except (StopRequested, KeyboardInterrupt) as stop:
             signum = getattr(stop, "signum", signal.SIGINT)
             reason = f"stopped by {signal.Signals(signum).name}"
             exit_code = 128 + int(signum)
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signals.ignore()  # a second Ctrl-C must not cut the shutdown short
             killed = self.stop_children()
             self._drain(start, monitor)
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            signals.restore()
             monitor.close(exit_code)
-        wall = time.time() - start
+        self._finish(time.time() - start, reason, killed)
+        return exit_code
+
+    def _poll(self, start: float, monitor, observer) -> Optional[tuple]:
+        """One look at the run: take in what the children sent, check on them, report
+        when a report is due. Returns (exit code, reason) when the run should end."""
+        elapsed = time.time() - start
+        self._drain(start, monitor)
+        failure = self._check_children()
+        if failure:
+            print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
+            return 1, failure.splitlines()[0].rstrip(":.")
+        if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
+            self.training_since = time.time()
+        if observer is not None:
+            observer(self, elapsed)
+        reason = self._should_stop(elapsed)
+        if reason or elapsed - self._last_report >= self.cfg.status_every_seconds:
+            self._report(elapsed, monitor)
+        return (0, reason) if reason else None
+
+    def _report(self, elapsed: float, monitor) -> None:
+        """The status line and its scalars, drift warnings, and the thread adapter's
+        turn, which judges the window since the last report."""
+        line = self.status_line(elapsed, self._window)
+        print(line, flush=True)
+        frames = self.env_frames() + self.frames_offset
+        monitor.log(frames, elapsed, scalars_from(
+            board=self.ctx.board, metrics=self.metrics, returns=self.returns100, objectives=self.objectives100,
+            episodes=self.episodes, elapsed=elapsed, window=self._window), status=line)
+        for warning in self.drift.check(self.metrics):
+            print(f"fastrl: warning: {warning}", flush=True)
+        self._window = (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
+        self._last_report = elapsed
+        change = self.adapter.update(time.time()) if self.adapt and self.training_since else None
+        if change:
+            print(f"fastrl: {change}", flush=True)
+            monitor.log(frames, elapsed, {"plan/learner_threads": float(self.adapter.threads)}, status=change)
+
+    def _finish(self, wall: float, reason: str, killed: list) -> None:
+        """After the shutdown: summary.json and the closing lines."""
         self.write_summary(wall)
         print(f"fastrl: {reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
               f" ({self.env_frames() / wall:,.0f} fps), mean return(100) {self.mean_return():.2f}", flush=True)
-        if self.plan is not None and self.measured_trained_steps_per_s():
-            print(f"fastrl: {planner.measured_next_to_predicted(self.plan, self.measured_trained_steps_per_s(), self.spec.frameskip)}",
-                  flush=True)
+        trained = self.measured_trained_steps_per_s()
+        if self.plan is not None and trained:
+            print(f"fastrl: {planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip)}", flush=True)
         if killed:
             print(f"fastrl: had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
-        return exit_code
 
     def measured_trained_steps_per_s(self) -> float:
         """Agent steps trained per second since training began (start-up excluded)."""
