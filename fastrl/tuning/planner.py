@@ -27,7 +27,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 # What the planner may choose; every other option stays as configured.
 PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers",
@@ -93,6 +93,16 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls(**json.loads(text))
+
+
+class Candidate(NamedTuple):
+    """One layout `choose` considers, with its prediction."""
+    predicted: dict  # as `predict` returns it
+    workers: int
+    envs: int
+    inference: str
+    policy_workers: int
+    learner_threads: int
 
 
 def _inference_costs(costs: Costs, workers: int, envs: int, inference: str) -> tuple:
@@ -189,19 +199,19 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                                     cfg.rollout, cfg.batch_size)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
                             continue
-                        candidates.append((p, workers, envs, inference, policy_workers, threads))
+                        candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
     if not candidates:
         raise ValueError(
             f"no layout keeps the policy lag under --max_policy_lag {cfg.max_policy_lag} with batch {cfg.batch_size}; "
             "raise --max_policy_lag or --batch_size, or set the layout by hand")
-    best = max(p["trained_steps_per_s"] for p, *_ in candidates)
-    good = [c for c in candidates if c[0]["trained_steps_per_s"] >= (1 - TIE) * best]
+    best = max(c.predicted["trained_steps_per_s"] for c in candidates)
+    good = [c for c in candidates if c.predicted["trained_steps_per_s"] >= (1 - TIE) * best]
 
-    def departures(c) -> int:  # how many choices differ from the configured defaults
-        return (c[1] != cfg.num_workers) + (c[2] != cfg.num_envs_per_worker) + (c[3] != cfg.inference)
+    def departures(c: Candidate) -> int:  # how many choices differ from the configured defaults
+        return (c.workers != cfg.num_workers) + (c.envs != cfg.num_envs_per_worker) + (c.inference != cfg.inference)
 
-    def starves_learner(c) -> bool:
-        return c[0]["production_steps_per_s"] < c[0]["consumption_steps_per_s"]
+    def starves_learner(c: Candidate) -> bool:
+        return c.predicted["production_steps_per_s"] < c.predicted["consumption_steps_per_s"]
 
     # Among near-best layouts: first those whose actors outpace the learner. Two
     # coupled stages run below the slower one's rate when their rates are close,
@@ -211,17 +221,19 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     # measured 4-12% below it, with a third of a core idle. Then fewest
     # processes and threads, the configured defaults (hand-picked for learning,
     # not only speed), least lag.
-    p, workers, envs, inference, policy_workers, threads = min(
-        good, key=lambda c: (starves_learner(c), c[0]["processes"], c[5], departures(c),
-                             c[0]["lag_max_learner_steps"], -c[0]["trained_steps_per_s"]))
-    splits = splits_of[inference]
-    per_buffer = cfg.rollout * envs // splits
-    buffers = cfg.num_buffers if "num_buffers" in explicit else workers * splits + 2 * (cfg.batch_size // per_buffer)
+    def preference(c: Candidate) -> tuple:
+        return (starves_learner(c), c.predicted["processes"], c.learner_threads, departures(c),
+                c.predicted["lag_max_learner_steps"], -c.predicted["trained_steps_per_s"])
+
+    c = min(good, key=preference)
+    splits = splits_of[c.inference]
+    per_buffer = cfg.rollout * c.envs // splits
+    buffers = cfg.num_buffers if "num_buffers" in explicit else c.workers * splits + 2 * (cfg.batch_size // per_buffer)
     nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
-        costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs)
-    return Plan(num_workers=workers, num_envs_per_worker=envs, inference=inference,
-                num_policy_workers=policy_workers if inference == "policy_worker" else cfg.num_policy_workers,
-                learner_threads=threads, num_buffers=buffers, worker_nice=nice, predicted=p)
+        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs)
+    return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
+                num_policy_workers=c.policy_workers if c.inference == "policy_worker" else cfg.num_policy_workers,
+                learner_threads=c.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)
 
 
 def apply(cfg, plan: Plan):
