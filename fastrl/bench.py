@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import functools
 import io
-import json
 import math
 import os
 import shutil
@@ -40,6 +39,7 @@ import torch
 from tqdm import tqdm
 
 from fastrl.config import Config, ConfigError, build_parser, parse_args
+from fastrl.plumbing.files import write_json
 from fastrl.plumbing.proc import usable_cores
 from fastrl.plumbing.stats_board import FIELDS
 from fastrl.tuning.bottleneck import diagnose
@@ -562,8 +562,7 @@ def main(argv=None) -> int:
         return 130
     print(format_report(report))
     if extra.json:
-        with open(extra.json, "w") as fh:
-            json.dump(report, fh, indent=2)
+        write_json(extra.json, report, indent=2)
         print(f"wrote {os.path.abspath(extra.json)}")
     return 0
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import json
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
+
+from fastrl.plumbing.files import write_json
 
 
 class ConfigError(ValueError):
@@ -349,7 +350,4 @@ def _explicit_options(argv: list, parser: argparse.ArgumentParser) -> set:
 
 
 def save_config(cfg: Config, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(cfg.to_dict(), fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(path, cfg.to_dict(), indent=2, sort_keys=True)

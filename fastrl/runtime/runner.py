@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import os
 import queue
@@ -30,6 +29,7 @@ from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import learner_main
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
 from fastrl.plumbing.seeding import process_seed
@@ -493,7 +493,4 @@ class Runner:
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
             "worker_restarts": self.supervisor.total_restarts,
         }
-        path = os.path.join(self.cfg.experiment_dir, "summary.json")
-        with open(path + ".tmp", "w") as fh:
-            json.dump(summary, fh, indent=2)
-        os.replace(path + ".tmp", path)
+        write_json(os.path.join(self.cfg.experiment_dir, "summary.json"), summary, indent=2)

@@ -29,6 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from fastrl.plumbing.files import write_json
+
 # What the planner may choose; every other option stays as configured.
 PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers",
            "worker_nice")
@@ -253,9 +255,7 @@ def describe(plan: Plan, frameskip: int) -> str:
 
 def save(plan: Plan, experiment_dir: str) -> str:
     path = os.path.join(experiment_dir, "plan.json")
-    with open(path + ".tmp", "w") as fh:
-        fh.write(plan.to_json())
-    os.replace(path + ".tmp", path)
+    write_json(path, dataclasses.asdict(plan), indent=2)
     return path
 
 

@@ -41,6 +41,7 @@ from fastrl.algo.model import build_model, obs_zeros
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.learner import gradient_step
+from fastrl.plumbing.files import write_json
 from fastrl.plumbing.proc import on_one_core, pin_to_core, run_child, usable_cores
 from fastrl.plumbing.seeding import env_seed
 from fastrl.tuning.planner import Costs
@@ -545,9 +546,7 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
     costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds)
     try:
         os.makedirs(root, exist_ok=True)
-        with open(path + ".tmp", "w") as fh:
-            json.dump(asdict(costs), fh)
-        os.replace(path + ".tmp", path)
+        write_json(path, asdict(costs))
     except OSError:
         pass  # no cache dir: the next run profiles again, nothing worse
     return costs, False
