@@ -32,6 +32,13 @@ FIELDS = (
 _COL = {name: i for i, name in enumerate(FIELDS)}
 
 
+def per_second(amount: float, seconds: float) -> float:
+    """A rate from two readings of a counter: `amount` gained over `seconds`. A span of
+    no length (the first report, a run that ended at once) reads as a tiny one rather
+    than a division by zero."""
+    return amount / max(seconds, 1e-9)
+
+
 class StatsBoard:
     def __init__(self, row_names: list):
         self.row_names = list(row_names)

@@ -17,6 +17,7 @@ import os
 from typing import Optional
 
 from fastrl.config import Config, ConfigError
+from fastrl.plumbing.stats_board import per_second
 
 TB_SUBDIR = "tb"
 WANDB_ID_FILE = "wandb_run_id.txt"
@@ -70,13 +71,12 @@ def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, el
     NaN, which would break a curve into gaps in both dashboards.
     """
     t0, frames0, trained0 = window
-    dt = max(elapsed - t0, 1e-9)
     frames = board.total("env_frames", "rollout_")
     trained = board.get("learner", "samples_trained")
     received = board.get("learner", "samples_received")
     out = {
-        "train/fps": (frames - frames0) / dt,
-        "perf/samples_trained_per_s": (trained - trained0) / dt,
+        "train/fps": per_second(frames - frames0, elapsed - t0),
+        "perf/samples_trained_per_s": per_second(trained - trained0, elapsed - t0),
         "train/episodes": float(episodes),
         "train/return_mean_100": _mean(returns),
         "train/true_objective_100": _mean(objectives),

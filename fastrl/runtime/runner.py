@@ -33,7 +33,7 @@ from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
 from fastrl.plumbing.seeding import process_seed
-from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.plumbing.stats_board import StatsBoard, per_second
 from fastrl.runtime.monitor import Monitor, scalars_from
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
@@ -353,16 +353,17 @@ class Runner:
         return None
 
     def status_line(self, elapsed: float, window: tuple) -> str:
-        (t0, frames0, trained0), now = window, (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
-        dt = max(now[0] - t0, 1e-9)
+        t0, frames0, trained0 = window
         b = self.ctx.board
+        frames, trained = self.env_frames(), b.get("learner", "samples_trained")
+        fps = per_second(frames - frames0, elapsed - t0)
         lag = f"{b.get('learner', 'lag_min'):.0f}/{b.get('learner', 'lag_mean'):.1f}/{b.get('learner', 'lag_max'):.0f}"
-        line = (f"[{elapsed:7.1f}s] frames {now[1] + self.frames_offset:,} | {(now[1] - frames0) / dt:,.0f} fps (env frames/s)"
-                f" | trained {(now[2] - trained0) / dt:,.0f} samples/s | lag min/mean/max {lag}"
+        line = (f"[{elapsed:7.1f}s] frames {frames + self.frames_offset:,} | {fps:,.0f} fps (env frames/s)"
+                f" | trained {per_second(trained - trained0, elapsed - t0):,.0f} samples/s | lag min/mean/max {lag}"
                 f" | return(100) {self.mean_return():.2f} | episodes {self.episodes:,}")
         if self.objectives100:
             line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
-        return line + self._progress(elapsed, (now[1] - frames0) / dt)
+        return line + self._progress(elapsed, fps)
 
     def _progress(self, elapsed: float, fps: float) -> str:
         """' | [####......] 40% ETA 1m05s' toward the frame or time budget (whichever is
@@ -458,7 +459,7 @@ class Runner:
         """After the shutdown: summary.json and the closing lines."""
         self.write_summary(wall)
         print(f"fastrl: {reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
-              f" ({self.env_frames() / wall:,.0f} fps), mean return(100) {self.mean_return():.2f}", flush=True)
+              f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}", flush=True)
         trained = self.measured_trained_steps_per_s()
         if self.plan is not None and trained:
             print(f"fastrl: {planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip)}", flush=True)
@@ -469,7 +470,7 @@ class Runner:
         """Agent steps trained per second since training began (start-up excluded)."""
         if self.training_since is None:
             return 0.0
-        return self.ctx.board.get("learner", "samples_trained") / max(time.time() - self.training_since, 1e-9)
+        return per_second(self.ctx.board.get("learner", "samples_trained"), time.time() - self.training_since)
 
     def write_summary(self, wall: float) -> None:
         summary = {
@@ -477,7 +478,7 @@ class Runner:
             "env_frames": self.env_frames() + self.frames_offset,
             "env_frames_this_run": self.env_frames(),
             "wall_seconds": wall,
-            "fps": self.env_frames() / wall if wall > 0 else 0.0,
+            "fps": per_second(self.env_frames(), wall),
             "mean_return_100": self.mean_return() if self.returns100 else None,
             "mean_objective_100": sum(self.objectives100) / len(self.objectives100) if self.objectives100 else None,
             "episodes": self.episodes,
