@@ -1,0 +1,163 @@
+"""Imports point one way: entry points -> runtime -> tuning -> sampling / learning ->
+config -> plumbing / cuda -> algo, and the envs import nothing of the trainer
+(docs/design.md, "Layers"). Read from the sources with ast, every import counted,
+those inside functions too: a lazy import is still a dependency."""
+import ast
+import os
+
+from helpers import REPO
+
+# Layer of each group; a module may import its own group or a lower layer. Two
+# groups on one layer (sampling and learning, plumbing and cuda) do not import
+# each other: a helper both need belongs a layer down.
+RANK = {
+    "root": -1,  # fastrl/__init__.py, which every import of fastrl runs anyway
+    "algo": 0, "envs": 0,
+    "plumbing": 1, "cuda": 1,
+    "config": 2,
+    "sampling": 3, "learning": 3,
+    "tuning": 4,
+    "runtime": 5,
+    "entry": 6,
+}
+SUBPACKAGES = ("algo", "envs", "plumbing", "cuda", "sampling", "learning", "tuning", "runtime")
+TOP_LEVEL = {"config": "config", "presets": "config", "train": "entry", "enjoy": "entry", "bench": "entry",
+             "plot": "entry"}
+
+
+def group_of(module: str):
+    """The group a fastrl module belongs to, or None for one nobody placed yet."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "root"
+    if parts[1] in SUBPACKAGES:
+        return parts[1]
+    return TOP_LEVEL.get(parts[1]) if len(parts) == 2 else None
+
+
+def module_name(path: str) -> str:
+    """fastrl/learning/learner.py -> fastrl.learning.learner; envs/ installs as fastrl.envs."""
+    rel = os.path.relpath(path, REPO)[:-len(".py")].split(os.sep)
+    if rel[0] == "envs":
+        rel = ["fastrl", *rel]
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def imports_of(source: str, module: str, is_package: bool, modules=frozenset()) -> set:
+    """The module names `source` (the code of `module`) imports. `from a import b`
+    names a.b where that is one of `modules` (b is a submodule), else a: importing a
+    submodule runs its package too, but that is no dependency on the package's code."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package, then up
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+    return found
+
+
+def source_files(*folders: str) -> list:
+    return sorted(os.path.join(d, f) for folder in folders for d, _, files in os.walk(os.path.join(REPO, folder))
+                  for f in files if f.endswith(".py"))
+
+
+def module_graph() -> dict:
+    """{fastrl module: the fastrl modules it imports}, for fastrl/ and envs/."""
+    paths = {module_name(path): path for path in source_files("fastrl", "envs")}
+    graph = {}
+    for module, path in paths.items():
+        with open(path) as fh:
+            names = imports_of(fh.read(), module, path.endswith("__init__.py"), paths.keys())
+        graph[module] = {name for name in names if name in paths and name != module}
+    return graph
+
+
+def violations(graph: dict) -> list:
+    """One sentence for each import that points the wrong way."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        group = group_of(module)
+        if group is None:
+            found.append(f"{module} belongs to no layer: place it in a subpackage, or in TOP_LEVEL here")
+            continue
+        for target in sorted(imported):
+            to = group_of(target)
+            if to is None:
+                continue  # reported as a module of its own
+            if group == "envs" and to != "envs":
+                found.append(f"{module} imports {target}: the envs know nothing of the trainer")
+            elif to != group and RANK[to] >= RANK[group]:
+                found.append(f"{module} ({group}) imports {target} ({to}), which is not below it")
+    return found
+
+
+def cycles(graph: dict) -> list:
+    """The import cycles of `graph`, each as the list of modules around it."""
+    found, done, path = [], set(), []
+
+    def visit(module):
+        if module in path:
+            found.append(path[path.index(module):] + [module])
+            return
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    return found
+
+
+def test_every_import_points_down_and_none_goes_round():
+    graph = module_graph()
+    assert "fastrl.learning.learner" in graph and "fastrl.envs.registry" in graph  # the walk found the tree
+    assert violations(graph) == []
+    assert cycles(graph) == []
+
+
+def test_nothing_imports_envs_by_its_old_top_level_name():
+    old = []
+    for path in source_files("fastrl", "envs", "tests", "benchmarks"):
+        with open(path) as fh:
+            names = imports_of(fh.read(), "x", False)
+        old += [f"{os.path.relpath(path, REPO)}: {n}" for n in sorted(names) if n == "envs" or n.startswith("envs.")]
+    assert old == []
+
+
+def test_the_checker_catches_imports_that_point_the_wrong_way():
+    # A lazy import inside a function, from the maths up to the runner: the walk sees it.
+    source = "import torch\n\ndef vtrace():\n    from fastrl.runtime.runner import Runner\n"
+    assert imports_of(source, "fastrl.algo.vtrace", False) == {"torch", "fastrl.runtime.runner"}
+    planted = {
+        "fastrl.algo.vtrace": {"fastrl.runtime.runner"},  # up four layers
+        "fastrl.sampling.rollout_worker": {"fastrl.learning.learner"},  # sideways, between siblings
+        "fastrl.envs.registry": {"fastrl.config"},  # an env reading the trainer's config
+        "fastrl.plumbing.buffers": {"fastrl.algo.model"},  # down: fine
+        "fastrl.tuning.planner": {"fastrl.tuning.profiling"},  # within a group: fine, but ...
+        "fastrl.tuning.profiling": {"fastrl.tuning.planner"},  # ... not round again
+        "fastrl.helpers": set(),  # a new top-level module nobody placed
+        "fastrl.runtime.runner": set(), "fastrl.learning.learner": set(), "fastrl.config": set(),
+        "fastrl.algo.model": set(),
+    }
+    assert violations(planted) == [
+        "fastrl.algo.vtrace (algo) imports fastrl.runtime.runner (runtime), which is not below it",
+        "fastrl.envs.registry imports fastrl.config: the envs know nothing of the trainer",
+        "fastrl.helpers belongs to no layer: place it in a subpackage, or in TOP_LEVEL here",
+        "fastrl.sampling.rollout_worker (sampling) imports fastrl.learning.learner (learning), which is not below it",
+    ]
+    assert cycles(planted) == [["fastrl.tuning.planner", "fastrl.tuning.profiling", "fastrl.tuning.planner"]]
+
+
+def test_relative_imports_resolve_against_their_package():
+    modules = {"fastrl.tuning.planner", "fastrl.plumbing.proc"}
+    source = "from . import planner\nfrom ..plumbing.proc import usable_cores\n"
+    assert imports_of(source, "fastrl.tuning.profiling", False, modules) == modules
+    assert imports_of("from . import planner\n", "fastrl.tuning", True, modules) == {"fastrl.tuning.planner"}
