@@ -23,9 +23,8 @@ import subprocess
 import sys
 import tempfile
 
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
-
 import psutil
+from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
 
 def one_round(env: str, bench_args: list, json_path: str) -> dict:

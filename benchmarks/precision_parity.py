@@ -19,7 +19,6 @@ import sys
 import tempfile
 
 import psutil
-
 from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
 

@@ -133,11 +133,10 @@ def main(argv=None) -> int:
     if importlib.util.find_spec("stable_baselines3") is None:
         print(f"sb3_runner: error: Stable-Baselines3 is not installed; run: {SB3_INSTALL}", file=sys.stderr)
         return 2
+    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-
-    import torch
 
     # One thread, not torch's default of one per core: these policies are 64x64 MLPs on
     # batches of 64-256, too small to split, and on this 2-core machine two OpenMP

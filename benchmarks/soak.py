@@ -172,7 +172,8 @@ def print_table(env: str, samples: list) -> None:
     names = sorted({n for s in samples for n in s["groups"]}, key=lambda n: (not n.startswith("fastrl"), n))
     short = [re.sub(r"^fastrl: (rollout|policy)-worker", r"\1", n).replace("fastrl: ", "") for n in names]
     print(f"\n{env}: RSS in MB per process group (sum over its processes), shared memory of the run")
-    header = f"{'min':>6} " + " ".join(f"{s[:14]:>14}" for s in short) + f" {'total':>9} {'shm obj':>8} {'shm MB':>8} {'new /dev/shm':>13}"
+    header = (f"{'min':>6} " + " ".join(f"{s[:14]:>14}" for s in short)
+              + f" {'total':>9} {'shm obj':>8} {'shm MB':>8} {'new /dev/shm':>13}")
     print(header)
     for s in samples:
         cells = " ".join(f"{s['groups'][n]['rss_mb']:>14.1f}" if n in s["groups"] else f"{'-':>14}" for n in names)
@@ -211,8 +212,9 @@ def soak(env: str, args, extra: list, out_dir: str) -> dict:
             if time.time() >= next_at and time.time() - start <= duration + 1 and proc.poll() is None:
                 s = sample(runner, shm_before, time.time() - start)
                 samples.append(s)
-                print(f"soak: {env} at {s['seconds'] / 60:5.1f} min: {s['processes']} processes, RSS {s['total_rss_mb']:.0f} MB "
-                      f"(USS {s['total_uss_mb']:.0f}), shm {s['shm_mapped_objects']} objects {s['shm_mapped_mb']:.1f} MB, "
+                print(f"soak: {env} at {s['seconds'] / 60:5.1f} min: {s['processes']} processes, "
+                      f"RSS {s['total_rss_mb']:.0f} MB (USS {s['total_uss_mb']:.0f}), "
+                      f"shm {s['shm_mapped_objects']} objects {s['shm_mapped_mb']:.1f} MB, "
                       f"{s['shm_new_entries']} new /dev/shm entries", flush=True)
                 next_at += args.sample_every
             if time.time() - start > duration + 300:
@@ -230,7 +232,8 @@ def soak(env: str, args, extra: list, out_dir: str) -> dict:
     verdict = judge(samples, warmup, args.max_growth_pct, args.max_growth_mb)
     for name, c in verdict.get("checks", {}).items():
         if "growth_mb" in c:
-            print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: USS {c['uss_mb_from']:.1f} -> {c['uss_mb_to']:.1f} MB "
+            print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: "
+                  f"USS {c['uss_mb_from']:.1f} -> {c['uss_mb_to']:.1f} MB "
                   f"(growth {c['growth_mb']:+.1f}, allowed {c['allowed_mb']:.1f}; RSS {c['rss_mb_from']:.1f} -> "
                   f"{c['rss_mb_to']:.1f})")
         else:
@@ -238,10 +241,11 @@ def soak(env: str, args, extra: list, out_dir: str) -> dict:
                   f"{c['mb_from']:.2f} -> {c['mb_to']:.2f} MB")
     if verdict.get("groups_at_one_end_only"):
         print(f"  GROWS? processes present at one end only: {', '.join(verdict['groups_at_one_end_only'])}")
-    print(f"{env}: exit code {code}; {'FLAT' if verdict['flat'] else 'NOT FLAT' if verdict['flat'] is False else 'NO VERDICT'}"
-          f" after warm-up ({verdict.get('why', 'from %.1f to %.1f min' % (verdict.get('from_seconds', 0) / 60, verdict.get('to_seconds', 0) / 60))});"
-          f" {len(left)} processes left behind, {len(leaked)} new /dev/shm entries after exit (may include other runs')",
-          flush=True)
+    judged = "FLAT" if verdict["flat"] else "NOT FLAT" if verdict["flat"] is False else "NO VERDICT"
+    span = "from %.1f to %.1f min" % (verdict.get("from_seconds", 0) / 60, verdict.get("to_seconds", 0) / 60)
+    print(f"{env}: exit code {code}; {judged} after warm-up ({verdict.get('why', span)});"
+          f" {len(left)} processes left behind, {len(leaked)} new /dev/shm entries after exit"
+          " (may include other runs')", flush=True)
     with open(log_path) as fh:
         tail = fh.read().splitlines()[-20:]
     return {"env": env, "command": cmd, "exit_code": code, "samples": samples, "verdict": verdict,
@@ -253,7 +257,8 @@ def main(argv=None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="both", help="CartPole-v1, doom_basic, any fastrl env, or both (the two in turn)")
+    parser.add_argument("--env", default="both",
+                        help="CartPole-v1, doom_basic, any fastrl env, or both (the two in turn)")
     parser.add_argument("--minutes", type=float, default=30.0, help="training time per env")
     parser.add_argument("--sample_every", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--warmup_minutes", type=float, default=3.0, help="growth before this is not judged")

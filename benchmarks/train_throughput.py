@@ -19,9 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
-
 import psutil
+from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames [\d,]+ \| ([\d,]+) fps .* trained ([\d,]+) samples/s")
 

@@ -76,8 +76,10 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 # fastrl status line: "[   12.0s] frames 12,345 | 1,234 fps (env frames/s) | trained 300 samples/s | ..."
 FASTRL_STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames ([\d,]+) \| [\d,]+ fps .*?\| trained ([\d,]+) samples/s")
-# SF report line: "[2026-11-22 01:06:28,241][31977] Fps is (...). Total num frames: 4096. Throughput: 0: 112.7. Samples: 2012. ..."
-SF_STATUS = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[\d+\] Fps is .*?Total num frames: (\d+)\..*?Samples: (\d+)\.")
+# SF report line:
+# "[2026-11-22 01:06:28,241][31977] Fps is (...). Total num frames: 4096. Throughput: 0: 112.7. Samples: 2012. ..."
+SF_STATUS = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[\d+\] Fps is "
+                       r".*?Total num frames: (\d+)\..*?Samples: (\d+)\.")
 SF_FINAL = re.compile(r"Collected \{0: (\d+)\}, FPS: ([\d.]+)")
 SF_FRAMESKIP = re.compile(r"Env info: EnvInfo\(.*?frameskip=(\d+)")
 
@@ -468,7 +470,8 @@ def parse_sf(run: Run) -> dict:
             errors = True
     frameskip = frameskip or FRAMESKIP
     return {"points": [(t, samples * frameskip, learner_frames) for t, samples, learner_frames in points],
-            "own_fps": own_fps, "own_fps_note": "SF's final 'Collected ..., FPS': learner frames (x frameskip) / main-loop s",
+            "own_fps": own_fps,
+            "own_fps_note": "SF's final 'Collected ..., FPS': learner frames (x frameskip) / main-loop s",
             "frameskip": frameskip, "errors": errors}
 
 
@@ -500,7 +503,7 @@ def machine() -> dict:
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next((l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")), cpu)
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
     except OSError:
         pass
     try:
@@ -667,8 +670,10 @@ def main(argv=None) -> int:
             "sf_median": statistics.median([x[key] for x in results if x["side"] == "sf" and x[key]] or [0]),
             "ratios": ratios, "median_ratio": statistics.median(good) if good else None}
     print("\nfastrl / Sample Factory (env frames/s, frameskip 4 counted on both sides):")
-    for key, label in (("stepped_window_fps", "stepped, steady window"), ("stepped_launch_fps", "stepped, from launch"),
-                       ("trained_window_fps", "trained, steady window"), ("trained_launch_fps", "trained, from launch")):
+    for key, label in (("stepped_window_fps", "stepped, steady window"),
+                       ("stepped_launch_fps", "stepped, from launch"),
+                       ("trained_window_fps", "trained, steady window"),
+                       ("trained_launch_fps", "trained, from launch")):
         s = summary[key]
         rs = ", ".join("-" if x is None else f"{x:.2f}" for x in s["ratios"])
         mr = "-" if s["median_ratio"] is None else f"{s['median_ratio']:.2f}x"
@@ -679,8 +684,8 @@ def main(argv=None) -> int:
         print(f"  {side}: " + next(x["command"] for x in results if x["side"] == side))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"machine": info, "env_check_fps": envcheck, "args": {k: v for k, v in vars(args).items()}, "runs": results,
-                       "summary": summary}, fh, indent=2)
+            json.dump({"machine": info, "env_check_fps": envcheck, "args": {k: v for k, v in vars(args).items()},
+                       "runs": results, "summary": summary}, fh, indent=2)
         print(f"wrote {args.json}")
     failed = [x for x in results if not x["stepped_window_fps"] or not x["trained_window_fps"] or x["errors_in_log"]]
     if failed:

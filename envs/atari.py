@@ -116,7 +116,8 @@ class AtariEnv(gymnasium.Env):
             import cv2
             from ale_py.env import AtariEnv as AleEnv
         except ImportError as err:
-            raise ImportError(f"Atari games need ale-py and OpenCV, which are not installed ({err}); {INSTALL_HINT}") from err
+            raise ImportError(f"Atari games need ale-py and OpenCV, which are not installed ({err}); "
+                              f"{INSTALL_HINT}") from err
         self._cv2 = cv2
         # ALE prints a banner per emulator (dozens per run); errors still get through.
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)

@@ -82,7 +82,8 @@ def _module_spec(name: str) -> EnvSpec:
     try:
         importlib.import_module(module)
     except ImportError as err:
-        raise UnknownEnvError(f"Env {name!r}: module {module!r} cannot be imported ({err}); put its folder on PYTHONPATH.") from None
+        raise UnknownEnvError(f"Env {name!r}: module {module!r} cannot be imported ({err}); "
+                              "put its folder on PYTHONPATH.") from None
     if env_id not in gymnasium.registry:
         raise UnknownEnvError(f"Env {name!r}: importing {module!r} did not register {env_id!r}; "
                               f"call gymnasium.register(id={env_id!r}, entry_point=...) in that module.")

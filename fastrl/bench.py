@@ -72,9 +72,11 @@ def build_bench_parser():
                                       "and --experiment are ignored.")
     group = parser.add_argument_group("bench")
     group.add_argument("--mode", choices=(*MODES, "all"), default="all",
-                       help="What to measure: env stepping, model compute, the sampling system, the trainer, or all four.")
+                       help="What to measure: env stepping, model compute, the sampling system, the trainer, "
+                            "or all four.")
     group.add_argument("--seconds", type=float, default=20.0, help="Measured seconds per mode, after the warm-up.")
-    group.add_argument("--warmup", type=float, default=5.0, help="Seconds each mode runs before its measurement starts.")
+    group.add_argument("--warmup", type=float, default=5.0,
+                       help="Seconds each mode runs before its measurement starts.")
     group.add_argument("--json", default="", metavar="PATH",
                        help="Also write every number, with the machine, to this JSON file.")
     return parser
@@ -155,7 +157,8 @@ def _cpu_seconds(runner) -> tuple:
             roles["env processes"] = roles.get("env processes", 0.0) + sum(cpu(c) for c in children)
     roles["runner"] = cpu(psutil.Process())
     m = psutil.cpu_times()
-    machine = m.user + m.nice + m.system + getattr(m, "irq", 0.0) + getattr(m, "softirq", 0.0) + getattr(m, "steal", 0.0)
+    machine = (m.user + m.nice + m.system
+               + getattr(m, "irq", 0.0) + getattr(m, "softirq", 0.0) + getattr(m, "steal", 0.0))
     return roles, machine
 
 
@@ -394,7 +397,8 @@ def _report_limits(results: dict, measured: list, cfg: Config) -> None:
         results["env"] = env.to_dict()
     if models:
         model = mean_model_profile(models)
-        results["infer"] = {**model.to_dict(), "forward_batch": batch, "learner_core_s_per_sample": model.learner_core_s()}
+        results["infer"] = {**model.to_dict(), "forward_batch": batch,
+                            "learner_core_s_per_sample": model.learner_core_s()}
         if env:
             bound = compute_bound_limit(env, model, batch, cores)
             if len(measured) == 2:
@@ -462,8 +466,8 @@ def format_report(report: dict) -> str:
         note = f"{ratios['sample_over_env_limit']:.2f} x env-limit" if "sample_over_env_limit" in ratios else ""
         row("sample", r["sample"]["frames_per_s"], r["sample"]["steps_per_s"], note)
     if "train" in r:
-        notes = [f"{ratios[k]:.2f} x {name}" for k, name in
-                 (("train_over_env_limit", "env-limit"), ("train_over_compute_bound", "compute-bound limit")) if k in ratios]
+        limits = (("train_over_env_limit", "env-limit"), ("train_over_compute_bound", "compute-bound limit"))
+        notes = [f"{ratios[k]:.2f} x {name}" for k, name in limits if k in ratios]
         row("train", r["train"]["frames_per_s"], r["train"]["steps_per_s"], ", ".join(notes))
     if table:
         lines += ["", f"{'mode':<8}{'env frames/s':>14}{'agent steps/s':>15}   notes", *table,

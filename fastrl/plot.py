@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     parser.add_argument("--metric", default=DEFAULT_METRIC, help="Scalar to plot, as named in TensorBoard.")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:  # checked before reading any events
-        print("fastrl.plot: error: plotting needs matplotlib: pip install matplotlib (or fastrl[plot]).", file=sys.stderr)
+        print("fastrl.plot: error: plotting needs matplotlib: pip install matplotlib (or fastrl[plot]).",
+              file=sys.stderr)
         return 2
     try:
         curves = [read_curve(exp, args.metric) for exp in args.experiments]

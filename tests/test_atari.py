@@ -120,7 +120,7 @@ def test_time_limit_is_truncation_and_reports_the_game():
     env = AtariEnv("breakout", seed=0, max_game_frames=60)  # the ball needs ~90 frames to get past the paddle
     try:
         env.reset()
-        for steps in range(1, 100):
+        for steps in range(1, 100):  # noqa: B007 (read after the loop: the step the game ended on)
             _, _, terminated, truncated, info = env.step(NOOP)
             if terminated or truncated:
                 break

@@ -171,8 +171,9 @@ def test_huge_batches_on_a_tiny_env_are_learner_bound(tmp_path):
 
 def test_a_slow_env_with_a_tiny_model_is_env_bound(tmp_path):
     report, run = _bench(tmp_path, [*AS_GIVEN, "--env", "slow_env:SlowEnv-v0", "--mode", "train",
-                                    "--num_envs_per_worker", "8", "--rollout", "16", "--batch_size", "128", "--num_minibatches", "1",
-                                    "--ppo_epochs", "1", "--hidden_sizes", "8"], env=TEST_ENVS_ON_PATH)
+                                    "--num_envs_per_worker", "8", "--rollout", "16", "--batch_size", "128",
+                                    "--num_minibatches", "1", "--ppo_epochs", "1", "--hidden_sizes", "8"],
+                         env=TEST_ENVS_ON_PATH)
     train = report["results"]["train"]
     parts = train["fractions"]
     assert train["bottleneck"].startswith("env-bound"), run.output()
@@ -245,7 +246,8 @@ def test_compute_bound_limit_divides_the_cores_by_the_core_time_of_one_step():
                      frames_per_s=8e5, seconds_per_step=10e-6, seconds_per_frame=2.5e-6)
     model = ModelProfile(device="cpu", threads=[1, 2], forward_batch_sizes=[32],
                          forward_s_per_sample={1: {32: 6e-6}, 2: {32: 4e-6}},  # 2 threads: 8 core-us, worse
-                         train_minibatch=256, ppo_epochs=2, train_s_per_sample={1: 12e-6, 2: 5e-6})  # 10 core-us, better
+                         train_minibatch=256, ppo_epochs=2,
+                         train_s_per_sample={1: 12e-6, 2: 5e-6})  # 2 threads: 10 core-us, better
     limit = compute_bound_limit(env, model, forward_batch=32, cores=4)
     assert limit["core_s_per_step"] == pytest.approx({"env": 10e-6, "forward": 6e-6, "learn": 20e-6})
     assert limit["steps_per_s"] == pytest.approx(4 / 36e-6)

@@ -22,9 +22,11 @@ from fastrl.cuda.ipc import copy_and_wait, device_param_buffer
 from fastrl.cuda.staging import BatchStager, CudaStager, PassThroughStager
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+ACTION_SPACE = gym.spaces.MultiDiscrete([4, 4, 3])
 # GPU tests carry the pytest.ini "gpu" marker (select them with -m gpu) and skip, with
 # the reason shown under -rs, where torch sees no CUDA device.
-GPU_MARKS = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none"))
+GPU_MARKS = (pytest.mark.gpu,
+             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none"))
 NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
 
 
@@ -39,7 +41,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-def _model(action_space=gym.spaces.MultiDiscrete([4, 4, 3]), use_rnn=True, device="cpu"):
+def _model(action_space=ACTION_SPACE, use_rnn=True, device="cpu"):
     model = ActorCritic(OBS_SPACE, action_space, hidden_sizes=(32, 32), use_rnn=use_rnn, rnn_size=16)
     return model.to(device).eval()
 

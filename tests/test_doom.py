@@ -133,7 +133,7 @@ def test_death_terminates():
     # Standing still on health_gathering_supreme's acid floor dies (96 steps here).
     env = make("doom_health_gathering_supreme")
     env.reset(seed=0)
-    for steps in range(1, 600):
+    for _ in range(1, 600):
         _, _, terminated, truncated, info = env.step(noop(env))
         if terminated or truncated:
             break

@@ -330,7 +330,7 @@ def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):
     assert resolve_precision(cfg("--precision", "fp32")) == "fp32"
     assert resolve_precision(cfg("--precision", "bf16")) == "bf16"
     for native in (False, True):
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda native=native: native)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
         assert resolve_precision(cfg("--device", "cpu")) == ("bf16" if native else "fp32")
         model = build_model(cfg("--device", "cpu"), IMAGE, gym.spaces.Discrete(3))

@@ -266,5 +266,6 @@ def test_a_wandb_run_that_cannot_start_is_one_clear_error(tmp_path, offline_wand
         raise wandb.errors.UsageError("api_key not configured (no-tty)")
 
     monkeypatch.setattr(wandb, "init", refuse)
-    with pytest.raises(ConfigError, match=r"W&B could not start a run \(api_key not configured \(no-tty\)\); run `wandb login`"):
+    refused = r"W&B could not start a run \(api_key not configured \(no-tty\)\); run `wandb login`"
+    with pytest.raises(ConfigError, match=refused):
         Monitor(_wandb_cfg(), str(tmp_path / "exp"))

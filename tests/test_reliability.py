@@ -85,7 +85,7 @@ def wait_for_new_line(run: TrainRun, predicate, timeout: float) -> str:
 
 
 def wait_for_frames(run: TrainRun, at_least: int, timeout: float) -> int:
-    line = run.wait_for_line(lambda l: (status_frames(l) or 0) >= at_least, timeout)
+    line = run.wait_for_line(lambda text: (status_frames(text) or 0) >= at_least, timeout)
     return status_frames(line)
 
 

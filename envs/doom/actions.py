@@ -122,7 +122,8 @@ class ActionMapper:
     def __call__(self, action) -> list:
         choices = np.asarray(action).reshape(-1).tolist()
         if len(choices) != len(self._rows):
-            raise ValueError(f"action {action!r} has {len(choices)} entries; this env takes {len(self._rows)} ({self.describe()})")
+            raise ValueError(f"action {action!r} has {len(choices)} entries; "
+                             f"this env takes {len(self._rows)} ({self.describe()})")
         values = [0.0] * len(self.buttons)
         for rows, c in zip(self._rows, choices):
             if not 0 <= c < len(rows):

@@ -173,7 +173,7 @@ def appo_loss(
             "the values of s_0..s_T, the last one bootstrapping the rollout."
         )
     valid_t = valid_t.to(r_t.dtype)
-    v_tm1, v_t = values[:-1], values[1:]
+    v_tm1 = values[:-1]
     log_ratio_t = logp_t - behaviour_logp_t.detach()
     raw_values = values.detach() * value_std + value_mean
 

@@ -223,5 +223,5 @@ def make_policy_runner(
             deterministic=deterministic, example_obs=example_obs,
         )
     except GraphCaptureError as err:
-        warnings.warn(f"CUDA-graph inference is off, running eagerly: {err}", RuntimeWarning)
+        warnings.warn(f"CUDA-graph inference is off, running eagerly: {err}", RuntimeWarning, stacklevel=2)
         return EagerPolicy(model, device, deterministic)

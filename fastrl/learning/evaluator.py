@@ -52,7 +52,8 @@ QUEUE_TIMEOUT_S = 10.0
 class Evaluator:
     def __init__(self, cfg, ctx: SharedContext, result_queue, frames_offset: int = 0):
         if cfg.eval_every_frames <= 0:
-            raise ValueError(f"eval_every_frames={cfg.eval_every_frames}: start the evaluator only when it is positive.")
+            raise ValueError(f"eval_every_frames={cfg.eval_every_frames}: "
+                             "start the evaluator only when it is positive.")
         self.cfg, self.ctx, self.result_queue = cfg, ctx, result_queue
         self.frames_offset = frames_offset
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space).eval()
@@ -87,7 +88,8 @@ class Evaluator:
         try:
             return float(load_checkpoint(self.best_path).get("best_score", -math.inf))
         except CheckpointError as err:
-            warnings.warn(f"Replacing unusable best checkpoint at the next evaluation: {err}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"Replacing unusable best checkpoint at the next evaluation: {err}", RuntimeWarning,
+                          stacklevel=2)
             return -math.inf
 
     # -- loop -----------------------------------------------------------------------------

@@ -210,7 +210,8 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
     )
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if not (torch.isfinite(out.total) and torch.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         return None, grad_norm

@@ -37,11 +37,13 @@ class TrajectoryBuffers:
         def shared(shape, dtype):
             return torch.zeros(shape, dtype=dtype).share_memory_()
 
-        self.obs = {k: obs_zeros((N, T + 1, n), shape, dtype).share_memory_() for k, (shape, dtype) in obs_layout.items()}
+        self.obs = {k: obs_zeros((N, T + 1, n), shape, dtype).share_memory_()
+                    for k, (shape, dtype) in obs_layout.items()}
         # Truncations are rare (once per time-limited episode), so this mostly
         # idle copy of the obs is the price of an exact bootstrap; the learner
         # reads only the rows flagged truncated.
-        self.final_obs = {k: obs_zeros((N, T, n), shape, dtype).share_memory_() for k, (shape, dtype) in obs_layout.items()}
+        self.final_obs = {k: obs_zeros((N, T, n), shape, dtype).share_memory_()
+                          for k, (shape, dtype) in obs_layout.items()}
         self.episode_start = shared((N, T + 1, n), torch.bool)
         self.actions = shared((N, T, n, action_dim), action_dtype)
         self.behaviour_logp = shared((N, T, n), torch.float32)

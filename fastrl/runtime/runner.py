@@ -396,8 +396,8 @@ class Runner:
         signals = _StopSignals()
         try:
             self.start()
-            print(f"fastrl: training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs, "
-                  f"inference {cfg.inference} on {self.device}; experiment in {cfg.experiment_dir}", flush=True)
+            print(f"fastrl: training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} "
+                  f"envs, inference {cfg.inference} on {self.device}; experiment in {cfg.experiment_dir}", flush=True)
             signals.looping = True
             while True:
                 signals.raise_if_received()
@@ -459,7 +459,8 @@ class Runner:
         """After the shutdown: summary.json and the closing lines."""
         self.write_summary(wall)
         print(f"fastrl: {reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
-              f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}", flush=True)
+              f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}",
+              flush=True)
         trained = self.measured_trained_steps_per_s()
         if self.plan is not None and trained:
             print(f"fastrl: {planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip)}", flush=True)

@@ -56,7 +56,8 @@ class ThreadAdapter:
         old = self.threads
         if worker_wait > WAIT_HIGH and learner_busy > BUSY_HIGH and old < self.cores:
             new = old + 1
-            why = f"rollout workers wait {worker_wait:.0%} for free buffers while the learner is busy {learner_busy:.0%}"
+            why = (f"rollout workers wait {worker_wait:.0%} for free buffers "
+                   f"while the learner is busy {learner_busy:.0%}")
         elif learner_wait > WAIT_HIGH and old > self.floor:
             new = old - 1
             why = f"the learner waits {learner_wait:.0%} for trajectories"

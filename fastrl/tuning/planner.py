@@ -247,9 +247,11 @@ def describe(plan: Plan, frameskip: int) -> str:
     layout = (f"{plan.num_workers} rollout worker(s) x {plan.num_envs_per_worker} envs, inference {plan.inference}"
               + (f" ({plan.num_policy_workers} policy worker(s))" if plan.inference == "policy_worker" else ""))
     nice = f", workers at nice {plan.worker_nice}" if plan.worker_nice else ""
-    return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; predicted {p['trained_steps_per_s'] * frameskip:,.0f} "
-            f"env frames/s trained (production {p['production_steps_per_s'] * frameskip:,.0f}, consumption "
-            f"{p['consumption_steps_per_s'] * frameskip:,.0f}, cores {p['cores_steps_per_s'] * frameskip:,.0f}; "
+    return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; "
+            f"predicted {p['trained_steps_per_s'] * frameskip:,.0f} env frames/s trained "
+            f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
+            f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, "
+            f"cores {p['cores_steps_per_s'] * frameskip:,.0f}; "
             f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps")
 
 

@@ -155,7 +155,8 @@ def measure_env(cfg, num_procs: int, seconds: float, warmup: float, progress: Pr
     mp = multiprocessing.get_context("spawn")
     ready, results, errors, go = mp.Queue(), mp.Queue(), mp.Queue(), mp.Event()
     procs = [mp.Process(target=run_child, name=f"env-bench {i}",
-                        args=(f"env-bench {i}", 1, None, errors, _step_envs_child, i, cfg, warmup, seconds, ready, go, results))
+                        args=(f"env-bench {i}", 1, None, errors, _step_envs_child,
+                              i, cfg, warmup, seconds, ready, go, results))
              for i in range(num_procs)]
     for p in procs:
         p.start()
@@ -164,7 +165,8 @@ def measure_env(cfg, num_procs: int, seconds: float, warmup: float, progress: Pr
         go.set()
         start = time.time()
         report = (lambda: progress(time.time() - start)) if progress else None
-        done = _collect(procs, results, errors, num_procs, warmup + seconds + ENV_FINISH_SLACK_S, "finish stepping", report)
+        done = _collect(procs, results, errors, num_procs, warmup + seconds + ENV_FINISH_SLACK_S, "finish stepping",
+                        report)
     finally:
         _stop(procs)
     steps_per_s = sum(steps / elapsed for _, steps, elapsed in done)
@@ -529,8 +531,8 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
     run of a setup pays for the profile. Returns (costs, whether it came from the cache).
     A cached profile can be stale if the machine's load changed: --plan auto after
     deleting the file, or the bench CLI, measures afresh."""
-    setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
-                  "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")
+    setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs",
+                  "precision", "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
                       "code": _source_digest(), **{k: getattr(cfg, k) for k in setup_keys}}, sort_keys=True)
     root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
