@@ -74,6 +74,9 @@ class Config:
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
     value_coef: float = _opt(0.5, "Weight of the value loss.")
+    value_clip: float = _opt(0.0, "PPO value clipping: the value loss also takes the error of the prediction clipped to within "
+                             "this distance of the acting policy's value, and keeps the larger (0 = off). In normalised units "
+                             "with --normalize_returns.")
     entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
@@ -180,7 +183,7 @@ def validate(cfg: Config) -> None:
     for name in ("lr", "status_every_seconds", "checkpoint_every_seconds"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
-    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads",
+    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")

@@ -302,6 +302,7 @@ def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
         "episode_start": torch.rand(T + 1, B, generator=gen) < 0.02,
         "actions": out.actions.view(T, B, -1),
         "behaviour_logp": out.logp.view(T, B),
+        "behaviour_value": out.values.view(T, B),
         "rewards": torch.randn(T, B, generator=gen),
         "terminated": (torch.rand(T, B, generator=gen) < 0.01),
         # No truncations: the learner's extra forward on the few truncated
