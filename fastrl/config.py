@@ -109,6 +109,8 @@ class Config:
     # --- env options --------------------------------------------------------------------
     doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
     doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
+    doom_hud: bool = _opt(False, "Doom: render the status bar (health, ammo, armor, weapons) at the bottom of the frame, "
+                          "as Sample Factory's Doom scenarios do; the 3D view above it gets smaller.")
     atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
     atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 

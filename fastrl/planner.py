@@ -354,7 +354,7 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
     from fastrl.profiling import machine_info
 
     setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "precision",
-                  "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")
+                  "rollout", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario", "pin_workers")
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
                       "code": _source_digest(), **{k: getattr(cfg, k) for k in setup_keys}}, sort_keys=True)
     root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")

@@ -27,6 +27,8 @@ def env_options(cfg) -> dict:
         options["doom_scenario"] = cfg.doom_scenario
     if cfg.doom_measurements:
         options["doom_measurements"] = True
+    if cfg.doom_hud:
+        options["doom_hud"] = True
     if cfg.atari_sticky_actions:
         options["atari_sticky_actions"] = True
     if not cfg.atari_episodic_life:
