@@ -75,6 +75,9 @@ class Config:
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
     value_coef: float = _opt(0.5, "Weight of the value loss.")
+    value_clip: float = _opt(0.0, "PPO value clipping: the value loss also takes the error of the prediction clipped to within "
+                             "this distance of the acting policy's value, and keeps the larger (0 = off). In normalised units "
+                             "with --normalize_returns.")
     entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
@@ -107,6 +110,8 @@ class Config:
     # --- env options --------------------------------------------------------------------
     doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
     doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
+    doom_hud: bool = _opt(False, "Doom: render the status bar (health, ammo, armor, weapons) at the bottom of the frame, "
+                          "as Sample Factory's Doom scenarios do; the 3D view above it gets smaller.")
     atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
     atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 
@@ -181,7 +186,7 @@ def validate(cfg: Config) -> None:
     for name in ("lr", "status_every_seconds", "checkpoint_every_seconds"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
-    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads",
+    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
@@ -256,6 +261,8 @@ def env_options(cfg: Config) -> dict:
         options["doom_scenario"] = cfg.doom_scenario
     if cfg.doom_measurements:
         options["doom_measurements"] = True
+    if cfg.doom_hud:
+        options["doom_hud"] = True
     if cfg.atari_sticky_actions:
         options["atari_sticky_actions"] = True
     if not cfg.atari_episodic_life:

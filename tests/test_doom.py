@@ -89,6 +89,20 @@ def test_battle_action_space_and_measurements():
     env.close()
 
 
+def test_hud_draws_the_status_bar_at_the_bottom():
+    plain, hud = make("doom_defend_the_center", seed=3), make("doom_defend_the_center", seed=3, doom_hud=True)
+    a, b = plain.reset()[0].astype(np.int16), hud.reset()[0].astype(np.int16)
+    plain.close()
+    hud.close()
+    assert a.shape == b.shape
+    rows = np.abs(a - b).mean(axis=(0, 2))  # mean difference per image row
+    height = a.shape[1]
+    # Doom's status bar takes the bottom 32 of 200 rows (~16%), where the floor was;
+    # the 3D view above it is squeezed, which moves the horizon too.
+    assert rows[-height // 8:].mean() > 30
+    assert rows[-height // 8:].mean() > 1.5 * rows[: height // 2].mean()
+
+
 def test_seeds_reproduce_episodes():
     a, b = make("doom_basic", seed=7), make("doom_basic", seed=7)
     first_a, first_b = a.reset()[0], b.reset()[0]

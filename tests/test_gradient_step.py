@@ -37,6 +37,7 @@ def _batch():
         "episode_start": episode_start,
         "actions": torch.randint(0, 2, (T, B, 1), generator=g),
         "behaviour_logp": torch.zeros(T, B),  # set per model below
+        "behaviour_value": torch.zeros(T, B),
         "policy_version": torch.zeros(T, B, dtype=torch.long),
         "rewards": torch.randn(T, B, generator=g),
         "terminated": terminated,
@@ -49,6 +50,7 @@ def _on_policy(model, batch):
     with torch.no_grad():
         ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
     batch["behaviour_logp"] = ev.logp.clone()
+    batch["behaviour_value"] = ev.values[:-1].clone()
     return batch
 
 
@@ -125,6 +127,24 @@ def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_sca
     np.testing.assert_allclose(float(out.value_loss), 0.5 * np.mean((values - targets) ** 2), rtol=1e-5)
     # On-policy, rho = 1: the advantage is the same return minus V(s_t).
     np.testing.assert_allclose(float(out.advantage_mean), np.mean(targets - values), rtol=1e-4, atol=1e-6)
+
+
+def test_value_clipping_clips_around_the_acting_policys_values():
+    from fastrl.algo.appo_loss import value_loss
+
+    cfg = Config(env="CartPole-v1", value_clip=0.1)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    batch = _on_policy(model, _batch())
+    batch["behaviour_value"] = batch["behaviour_value"] + torch.linspace(-2, 2, T * B).view(T, B)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    ones = torch.ones(T, B)
+    clipped, _ = gradient_step(cfg, model, optimizer, batch, ones)
+    plain, _ = gradient_step(Config(env="CartPole-v1"), model, optimizer, batch, ones)
+    with torch.no_grad():
+        values = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"]).values
+    want = value_loss(values[:-1], plain.vs_tm1, ones, old_v_tm1=batch["behaviour_value"], clip_value=0.1)
+    torch.testing.assert_close(clipped.value_loss, want)
+    assert clipped.value_loss > plain.value_loss
 
 
 def test_return_normalisation_learns_the_targets_statistics():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fastrl.algo.model import (
+    IMAGE_NORM_ROWS,
     ActorCritic,
     flat_state,
     flat_state_size,
@@ -189,6 +190,28 @@ def test_normalizer_statistics_outputs_and_flat_state():
     unnormalized = _model("vector", False)
     unnormalized.update_normalizer({"obs": data[0].float()})  # a no-op by design
     assert flat_state_size(unnormalized) == flat_state_size(model) - (6 + 6 + 1)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_images_are_normalised_per_pixel(bf16):
+    model = _model("image", False, normalize_obs=True)
+    encoder = model.encoders[0]
+    encoder.bf16 = bf16
+    C, H, W = IMAGE.shape
+    # Each pixel has its own level and spread; a batch larger than IMAGE_NORM_ROWS is subsampled.
+    level = torch.randint(20, 200, (C, H, W)).float()
+    frames = (level + torch.randint(-10, 11, (IMAGE_NORM_ROWS * 3, C, H, W))).clamp(0, 255).to(torch.uint8)
+    model.update_normalizer({"obs": frames.view(3, IMAGE_NORM_ROWS, C, H, W)})
+    assert encoder.norm.count.item() == IMAGE_NORM_ROWS
+    torch.testing.assert_close(encoder.norm.mean, level, atol=1.5, rtol=0)
+
+    # The conv layers see each pixel's z-score against its own statistics.
+    x = frames[:4]
+    z = ((x.float() - encoder.norm.mean) / torch.sqrt(encoder.norm.var + 1e-8)).clamp(-10, 10)
+    with torch.no_grad():
+        got = encoder(x)
+        want = encoder.fc(encoder.conv(z))
+    torch.testing.assert_close(got, want, atol=0.05 if bf16 else 1e-4, rtol=0.05 if bf16 else 1e-4)
 
 
 def test_obs_layout_and_conversion():

@@ -93,7 +93,7 @@ def test_next_trajectory_starts_from_this_envs_last_row_even_if_the_buffer_is_re
             split.close()
 
 
-def test_each_action_carries_the_version_and_log_prob_of_the_weights_that_chose_it():
+def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_chose_it():
     worker, ctx = _worker()
     try:
         assert worker._start_splits()
@@ -114,7 +114,9 @@ def test_each_action_carries_the_version_and_log_prob_of_the_weights_that_chose_
                 dist = model._distribution(model._core_step(model._encode({"obs": b.obs["obs"][buf, t]}),
                                                             torch.zeros(ENVS, 0))[0])
                 want = dist.log_prob(b.actions[buf, t])
+                value = model.act({"obs": b.obs["obs"][buf, t]}, torch.zeros(ENVS, 0)).values
             np.testing.assert_allclose(b.behaviour_logp[buf, t].numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(b.behaviour_value[buf, t].numpy(), value.numpy(), rtol=1e-5, atol=1e-6)
     finally:
         for split in worker.splits:
             split.close()

@@ -80,12 +80,15 @@ class DoomEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 35 // FRAMESKIP}
 
     def __init__(self, scenario: str | DoomScenario = "doom_basic", seed: int | None = None, *,
-                 config_path: str | None = None, measurements: bool = False, render_mode: str | None = None,
+                 config_path: str | None = None, measurements: bool = False, hud: bool = False,
+                 render_mode: str | None = None,
                  episode_timeout: int | None = None, num_bots: int | None = None,
                  hang_timeout: float = DEFAULT_HANG_TIMEOUT_S):
         """scenario: a name from scenarios.SCENARIOS (or a DoomScenario).
         config_path: a ViZDoom .cfg used instead of the scenario's (required for
             doom_custom); the scenario still picks reward and objective.
+        hud: render Doom's status bar (health, ammo, armour, weapons) into the frame,
+            so the policy can read them, as Sample Factory's Doom configs do.
         episode_timeout: override of the config's episode_timeout, in engine tics.
         num_bots: override of the scenario's bot count (bot scenarios only).
         hang_timeout: seconds one engine call may take before the engine counts as hung."""
@@ -106,6 +109,7 @@ class DoomEnv(gym.Env):
         self._custom_config = config_path is not None
         self.render_mode = render_mode
         self.measurements = bool(measurements)
+        self.hud = bool(hud)
         self.episode_timeout = episode_timeout
         self.num_bots = self.scenario.bots if num_bots is None else int(num_bots)
         self.hang_timeout = float(hang_timeout)
@@ -148,8 +152,9 @@ class DoomEnv(gym.Env):
         game.set_mode(vzd.Mode.PLAYER)
         game.set_screen_resolution(vzd.ScreenResolution.RES_160X120)
         game.set_screen_format(vzd.ScreenFormat.RGB24)
-        for off in (game.set_render_hud, game.set_render_minimal_hud, game.set_render_crosshair,
-                    game.set_render_decals, game.set_render_particles, game.set_render_effects_sprites,
+        game.set_render_hud(self.hud)
+        for off in (game.set_render_minimal_hud, game.set_render_crosshair, game.set_render_decals,
+                    game.set_render_particles, game.set_render_effects_sprites,
                     game.set_render_messages, game.set_depth_buffer_enabled, game.set_labels_buffer_enabled,
                     game.set_automap_buffer_enabled, game.set_objects_info_enabled, game.set_sectors_info_enabled):
             off(False)

@@ -10,6 +10,7 @@ from fastrl.envs.doom.scenarios import get_scenario
 DOOM_OPTIONS = {
     "doom_scenario": ("config_path", str),
     "doom_measurements": ("measurements", bool),
+    "doom_hud": ("hud", bool),
     "doom_episode_timeout": ("episode_timeout", int),
     "doom_num_bots": ("num_bots", int),
     "doom_hang_timeout": ("hang_timeout", float),

@@ -136,6 +136,8 @@ def appo_loss(
     exploration_t=None,
     value_mean=0.0,
     value_std=1.0,
+    behaviour_v_tm1=None,
+    value_clip=None,
 ):
     """The learner's loss for one batch of trajectories.
 
@@ -155,7 +157,9 @@ def appo_loss(
     on values mapped back to return units, v * value_std + value_mean, and the value
     loss regresses `values` onto the targets normalised the same way, so its scale
     no longer depends on the env's reward scale. `v_final_t` is in return units.
-    lambda_ is V-trace's lambda (fastrl.algo.vtrace.vtrace).
+    lambda_ is V-trace's lambda (fastrl.algo.vtrace.vtrace). With `behaviour_v_tm1` (the
+    acting policy's values, in the same units as `values`) and `value_clip`, the
+    value loss is PPO's clipped form (see `value_loss`).
 
     The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
     logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace vs.
@@ -193,7 +197,8 @@ def appo_loss(
             adv_t = normalize_advantages(adv_t, valid_t)
 
     policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t)
-    value = value_loss(v_tm1, (returns.vs_tm1 - value_mean) / value_std, valid_t)
+    value = value_loss(v_tm1, (returns.vs_tm1 - value_mean) / value_std, valid_t,
+                       old_v_tm1=behaviour_v_tm1, clip_value=value_clip)
     entropy = entropy_loss(entropy_t, valid_t)
     if exploration_t is None:
         exploration = entropy

@@ -38,6 +38,7 @@ ObsLayout = Dict[str, Tuple[Tuple[int, ...], torch.dtype]]
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 NORM_CLIP = 10.0
 NORM_EPS = 1e-8
+IMAGE_NORM_ROWS = 256  # frames per learner step that update per-pixel image statistics
 CONV_MIN_SIZE = 36  # smallest H and W the 8/4, 4/2, 3/2 conv stack accepts
 
 
@@ -200,9 +201,14 @@ class ConvEncoder(nn.Module):
     weights themselves stay float32: this only changes the arithmetic.
     """
 
-    def __init__(self, key: str, shape: Tuple[int, int, int], bf16: bool = False):
+    def __init__(self, key: str, shape: Tuple[int, int, int], bf16: bool = False, normalize: bool = False):
         super().__init__()
         self.bf16 = bf16
+        # Per-pixel running statistics (as Sample Factory's input normalisation does):
+        # the z-score of each pixel against its own history, so the static parts of
+        # the screen (HUD, walls seen from the spawn point) fade towards zero and the
+        # parts that change stand out, instead of a fixed /255.
+        self.norm = RunningNorm(tuple(shape)) if normalize else None
         channels, height, width = shape
         if min(height, width) < CONV_MIN_SIZE:
             raise ValueError(
@@ -230,10 +236,11 @@ class ConvEncoder(nn.Module):
         # no-op for the trainer's own buffers.
         x = x.contiguous(memory_format=torch.channels_last)
         if not self.bf16:
-            return self.fc(self.conv(x.float().mul_(1.0 / 255.0)))
+            x = x.float().mul_(1.0 / 255.0) if self.norm is None else self.norm(x.float())
+            return self.fc(self.conv(x))
         # Straight to bfloat16, exact for 0..255: this input path took a third of
         # the learner's time when it went through a float32 copy.
-        x = x.to(torch.bfloat16).mul_(1.0 / 255.0)
+        x = x.to(torch.bfloat16).mul_(1.0 / 255.0) if self.norm is None else self.norm(x.float()).to(torch.bfloat16)
         if not torch.is_grad_enabled():
             return self._bf16_layers()(x).float()
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
@@ -309,9 +316,9 @@ class ActorCritic(nn.Module):
         hidden_sizes: MLP widths for vector and discrete observations.
         use_rnn: add a GRU core of `rnn_size` after the encoders.
         activation: "tanh", "relu" or "elu" for the MLPs (the conv stack uses ELU).
-        normalize_obs: keep running statistics of vector observations and feed the
-            clipped z-scores to the MLP; the learner updates them via
-            `update_normalizer`.
+        normalize_obs: keep running statistics of vector observations and of each
+            image pixel, and feed the clipped z-scores to the encoders; the learner
+            updates them via `update_normalizer`.
         conv_bf16: run image encoders in bfloat16 (see ConvEncoder); worth it only
             where the hardware has native bf16 (inference.resolve_precision decides).
         normalize_returns: keep running statistics of the value targets; the value
@@ -385,7 +392,7 @@ class ActorCritic(nn.Module):
         for key, (shape, dtype) in self.layout.items():
             space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
             if dtype == torch.uint8:
-                encoders.append(ConvEncoder(key, shape, bf16=self.conv_bf16))
+                encoders.append(ConvEncoder(key, shape, bf16=self.conv_bf16, normalize=normalize_obs))
             elif dtype == torch.int64:
                 encoders.append(DiscreteEncoder(space, hidden_sizes, activation))
             else:
@@ -536,17 +543,27 @@ class ActorCritic(nn.Module):
     def update_normalizer(self, obs: Dict[str, torch.Tensor]) -> None:
         """Fold a batch {key: [..., *shape]} into the running observation statistics.
 
-        Only vector keys are normalised; a model built without normalize_obs (or with
-        no vector key) ignores the call, so the learner can call it unconditionally.
+        Vector keys and images are normalised (discrete keys are one-hot encoded and
+        are not); a model built without normalize_obs ignores the call, so the learner
+        can call it unconditionally. Images contribute at most IMAGE_NORM_ROWS random
+        frames a call: per-pixel statistics of a whole 1,024-frame batch would cost a
+        float64 copy of ~230 MB per learner step, and a few hundred frames a step
+        still see millions of frames an hour.
         """
         encoders = list(zip(self.obs_keys, self.encoders))
         if self.critic_encoders is not None:
             encoders += list(zip(self.obs_keys, self.critic_encoders))
         for key, encoder in encoders:
-            if isinstance(encoder, VectorEncoder) and encoder.norm is not None:
-                if key not in obs:
-                    raise ValueError(f"update_normalizer needs observation key '{key}', got {sorted(obs)}.")
-                encoder.norm.update(obs[key])
+            if getattr(encoder, "norm", None) is None:
+                continue
+            if key not in obs:
+                raise ValueError(f"update_normalizer needs observation key '{key}', got {sorted(obs)}.")
+            x = obs[key]
+            if isinstance(encoder, ConvEncoder):
+                x = x.reshape(-1, *x.shape[-3:])
+                if x.shape[0] > IMAGE_NORM_ROWS:
+                    x = x[torch.randperm(x.shape[0], device=x.device)[:IMAGE_NORM_ROWS]]
+            encoder.norm.update(x)
 
 
 def _float_tensors(model: nn.Module) -> List[torch.Tensor]:

@@ -207,6 +207,8 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
         value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
         lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl if cfg.exploration_loss == "symmetric_kl" else None,
         value_mean=value_mean, value_std=value_std,
+        behaviour_v_tm1=mb["behaviour_value"] if cfg.value_clip > 0 else None,
+        value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
     )
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()

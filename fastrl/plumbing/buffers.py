@@ -21,6 +21,7 @@ class TrajectoryBuffers:
     episode_start     [N, T+1, n]          obs[t] is the first of an episode (GRU resets there)
     actions           [N, T, n, A]         action taken at t
     behaviour_logp    [N, T, n]            its log-prob under the policy that chose it
+    behaviour_value   [N, T, n]            that policy's value of obs[t] (what value clipping clips around)
     policy_version    [N, T, n]            learner version of that policy (for the lag)
     rewards           [N, T, n]
     terminated        [N, T, n]            the episode really ended after step t
@@ -47,6 +48,7 @@ class TrajectoryBuffers:
         self.episode_start = shared((N, T + 1, n), torch.bool)
         self.actions = shared((N, T, n, action_dim), action_dtype)
         self.behaviour_logp = shared((N, T, n), torch.float32)
+        self.behaviour_value = shared((N, T, n), torch.float32)
         self.policy_version = shared((N, T, n), torch.int64)
         self.rewards = shared((N, T, n), torch.float32)
         self.terminated = shared((N, T, n), torch.bool)
@@ -55,7 +57,7 @@ class TrajectoryBuffers:
 
     def nbytes(self) -> int:
         tensors = [*self.obs.values(), *self.final_obs.values(), self.episode_start, self.actions,
-                   self.behaviour_logp, self.policy_version, self.rewards, self.terminated,
+                   self.behaviour_logp, self.behaviour_value, self.policy_version, self.rewards, self.terminated,
                    self.truncated, self.rnn_state0]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -93,6 +95,7 @@ class TrajectoryBuffers:
             "episode_start": take(self.episode_start),
             "actions": take(self.actions),
             "behaviour_logp": take(self.behaviour_logp),
+            "behaviour_value": take(self.behaviour_value),
             "policy_version": take(self.policy_version),
             "rewards": take(self.rewards),
             "terminated": take(self.terminated),

@@ -48,5 +48,6 @@ class LocalPolicy(PolicyCopy):
         out = self.act({k: v[buf, t] for k, v in b.obs.items()}, rnn_state)
         b.actions[buf, t] = out.actions
         b.behaviour_logp[buf, t] = out.logp
+        b.behaviour_value[buf, t] = out.values
         b.policy_version[buf, t] = self.version
         return out.rnn_state

@@ -44,11 +44,12 @@ def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None
         with timer("busy_s"):
             out = policy.act(obs, rnn)
         with timer("comm_s"):
-            actions, logp, rnn_out = out.actions.cpu(), out.logp.cpu(), out.rnn_state.cpu()
+            actions, logp, values, rnn_out = out.actions.cpu(), out.logp.cpu(), out.values.cpu(), out.rnn_state.cpu()
             for i, (w, s, buf, t) in enumerate(requests):
                 rows = slice(i * n, (i + 1) * n)
                 b.actions[buf, t] = actions[rows]
                 b.behaviour_logp[buf, t] = logp[rows]
+                b.behaviour_value[buf, t] = values[rows]
                 b.policy_version[buf, t] = policy.version
                 ctx.rnn_states[w][s] = rnn_out[rows]
                 ctx.response_queues[w].put((s, buf, t), block=True, timeout=10.0)

@@ -303,6 +303,7 @@ def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
         "episode_start": torch.rand(T + 1, B, generator=gen) < 0.02,
         "actions": out.actions.view(T, B, -1),
         "behaviour_logp": out.logp.view(T, B),
+        "behaviour_value": out.values.view(T, B),
         "rewards": torch.randn(T, B, generator=gen),
         "terminated": (torch.rand(T, B, generator=gen) < 0.01),
         # No truncations: the learner's extra forward on the few truncated
@@ -532,7 +533,8 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
     A cached profile can be stale if the machine's load changed: --plan auto after
     deleting the file, or the bench CLI, measures afresh."""
     setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs",
-                  "precision", "rollout", "ppo_epochs", "doom_measurements", "doom_scenario", "pin_workers")
+                  "precision", "rollout", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
+                  "pin_workers")
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
                       "code": _source_digest(), **{k: getattr(cfg, k) for k in setup_keys}}, sort_keys=True)
     root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
