@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from fastrl import checkpoint as ckpt
+from fastrl.learning import checkpoint as ckpt
 from fastrl.learning.checkpoint import (
     CheckpointError,
     load_checkpoint,
