@@ -29,6 +29,7 @@ from fastrl.config import Config
 from fastrl.learning.checkpoint import (
     BEST_NAME,
     CheckpointError,
+    RefusedCheckpointError,
     checkpoint_dir,
     load_checkpoint,
     load_latest_checkpoint,
@@ -74,7 +75,10 @@ def select_checkpoint(cfg: Config, which: str) -> tuple:
     """(state, path) of the checkpoint named by --checkpoint: latest, best or a path."""
     ckpt_dir = checkpoint_dir(cfg)
     if which == "latest":
-        state, path = load_latest_checkpoint(ckpt_dir)
+        try:
+            state, path = load_latest_checkpoint(ckpt_dir)
+        except RefusedCheckpointError as err:
+            raise EnjoyError(f"{err}; delete it if you did not write it, or pass --checkpoint PATH.") from None
         if state is None:
             raise EnjoyError(f"Experiment {cfg.experiment_dir} has no usable checkpoint in {ckpt_dir}; "
                              "train it longer (one is written at exit) or pass --checkpoint PATH.")
@@ -86,7 +90,7 @@ def select_checkpoint(cfg: Config, which: str) -> tuple:
     try:
         return load_checkpoint(path), path
     except CheckpointError as err:
-        raise EnjoyError(f"{err} Pass --checkpoint latest, best or the path of a valid checkpoint.") from None
+        raise EnjoyError(f"{err}; pass --checkpoint latest, best or the path of another checkpoint.") from None
 
 
 class VideoSink:

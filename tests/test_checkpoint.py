@@ -1,18 +1,32 @@
-"""Checkpoint atomicity, verification, fallback and pruning."""
+"""Checkpoint atomicity, verification, fallback and pruning, and files that could run code."""
 
+import dataclasses
+import datetime
+import hashlib
+import io
 import os
+import shutil
+from collections import OrderedDict
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
+from helpers import MarkerPayload, forge_checkpoint
 
+from fastrl.algo.model import build_model
+from fastrl.config import Config
 from fastrl.learning import checkpoint as ckpt
 from fastrl.learning.checkpoint import (
     CheckpointError,
+    RefusedCheckpointError,
     load_checkpoint,
     load_latest_checkpoint,
     save_best,
     save_checkpoint,
 )
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
 def _state(step):
@@ -115,3 +129,79 @@ def test_bad_arguments(tmp_path):
         save_checkpoint(str(tmp_path), _state(1), 1, keep=0)
     with pytest.raises(TypeError, match="must be a dict"):
         save_checkpoint(str(tmp_path), [1, 2], 1, keep=1)
+
+
+# -- files that could run code ----------------------------------------------------------------
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_does_not_run(tmp_path):
+    marker = tmp_path / "code_ran"
+    good = save_checkpoint(str(tmp_path / "ckpt"), _state(1), 1, keep=5)
+    forged = str(tmp_path / "ckpt" / "checkpoint_000000000002.pt")
+    payload = forge_checkpoint(forged, {**_state(2), "extra": MarkerPayload(marker)})
+    # The payload is live: the loader fastrl used before would have run it.
+    torch.load(io.BytesIO(payload), weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+
+    with pytest.raises(RefusedCheckpointError, match=r"checkpoint_000000000002.pt holds more than tensors and "
+                                                     r"plain data \(it needs exec\), so loading it could run code"):
+        load_checkpoint(forged)
+    # A resume does not skip it for the good one before it: someone put it there, and
+    # the user is told rather than trained past it.
+    with pytest.raises(RefusedCheckpointError, match="checkpoint_000000000002.pt"):
+        load_latest_checkpoint(str(tmp_path / "ckpt"))
+    assert not marker.exists()
+    assert load_checkpoint(good)["step"] == 1
+
+
+def test_an_intact_payload_that_is_not_a_state_dict_is_refused(tmp_path):
+    forge_checkpoint(tmp_path / "list.pt", [torch.zeros(2)])
+    with pytest.raises(RefusedCheckpointError, match="list.pt holds a list, not the dict a checkpoint is"):
+        load_checkpoint(str(tmp_path / "list.pt"))
+    with open(tmp_path / "noise.pt", "wb") as fh:  # checksummed bytes that are no pickle at all
+        noise = b"not a pickle" * 10
+        fh.write(ckpt._HEADER.pack(ckpt.MAGIC, len(noise), hashlib.sha256(noise).digest()) + noise)
+    with pytest.raises(RefusedCheckpointError, match="noise.pt is intact but does not load as tensors and plain data"):
+        load_checkpoint(str(tmp_path / "noise.pt"))
+
+
+def test_numpy_scalars_are_saved_as_python_numbers(tmp_path):
+    model = torch.nn.Linear(2, 2).state_dict()
+    state = {"model": model, "score": np.float32(0.5), "steps": np.int64(3), "flags": (np.bool_(True), [np.float64(2)])}
+    state = load_checkpoint(save_checkpoint(str(tmp_path), state, 1, keep=1))
+    assert state["score"] == 0.5 and type(state["score"]) is float
+    assert state["steps"] == 3 and type(state["steps"]) is int
+    assert state["flags"] == (True, [2.0]) and type(state["flags"][0]) is bool and type(state["flags"][1][0]) is float
+    # The model's state_dict comes back as it went in, its version metadata included.
+    assert type(state["model"]) is OrderedDict and state["model"]._metadata == model._metadata
+
+
+def test_a_value_that_is_not_plain_data_is_refused_when_saving(tmp_path):
+    with pytest.raises(TypeError, match=r"Checkpoint value state\['meta'\]\['when'\] is a datetime.date"):
+        save_checkpoint(str(tmp_path), {**_state(1), "meta": {"when": datetime.date(2026, 1, 1)}},
+                        1, keep=1)
+    with pytest.raises(TypeError, match="Checkpoint key"):
+        save_best(str(tmp_path), {"model": {("a", "tuple"): torch.zeros(1)}}, score=1.0)
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
+@pytest.mark.parametrize("commit, name", [("a8bffe5", "checkpoint_000000000027.pt"), ("191d9f1", "best.pt")])
+def test_checkpoints_of_earlier_versions_load(tmp_path, commit, name):
+    """Files written by fastrl at `commit` (tests/data/README.md says how): the first
+    release's learner checkpoint and the first evaluator's best.pt. They load as plain
+    data and still fit the model and optimizer this version builds from their config."""
+    path = str(tmp_path / name)
+    shutil.copy(os.path.join(DATA, commit, name), path)
+    state = load_checkpoint(path)
+    assert state["env"] == "CartPole-v1"
+    fields = {f.name for f in dataclasses.fields(Config)}
+    cfg = Config(**{k: v for k, v in state["config"].items() if k in fields})
+    env = gym.make("CartPole-v1")
+    model = build_model(cfg, env.observation_space, env.action_space)
+    model.load_state_dict(state["model"])
+    if "optimizer" in state:
+        torch.optim.Adam(model.parameters()).load_state_dict(state["optimizer"])
+        with torch.random.fork_rng(devices=[]):  # the other tests keep their generator
+            torch.set_rng_state(state["torch_rng"])
+    else:
+        assert state["best_score"] == state["eval_return"]

@@ -23,7 +23,7 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that send 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout, resolve_device
 from fastrl.config import Config, ConfigError, check_env_and_options, env_options, save_config, validate
-from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint
+from fastrl.learning.checkpoint import RefusedCheckpointError, checkpoint_dir, load_latest_checkpoint
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import learner_main
@@ -129,7 +129,10 @@ def prepare_experiment(cfg: Config, explicit: set):
     spec = check_env_and_options(cfg)
     if cfg.restart and os.path.isdir(checkpoint_dir(cfg)):
         shutil.rmtree(checkpoint_dir(cfg))
-    state, path = (None, None) if cfg.restart else load_latest_checkpoint(checkpoint_dir(cfg))
+    try:
+        state, path = (None, None) if cfg.restart else load_latest_checkpoint(checkpoint_dir(cfg))
+    except RefusedCheckpointError as err:
+        raise ConfigError(f"{err}; delete it if you did not write it, or pass --restart to start over.") from None
     if state is not None and state.get("env") != cfg.env:
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
