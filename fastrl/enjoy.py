@@ -78,7 +78,9 @@ def select_checkpoint(cfg: Config, which: str) -> tuple:
         try:
             state, path = load_latest_checkpoint(ckpt_dir)
         except RefusedCheckpointError as err:
-            raise EnjoyError(f"{err}; delete it if you did not write it, or pass --checkpoint PATH.") from None
+            raise EnjoyError(f"{err}; fastrl writes no such file, so delete it or pass --checkpoint PATH.") from None
+        except CheckpointError as err:  # every checkpoint is damaged
+            raise EnjoyError(f"{err}; pass --checkpoint best or the path of a good checkpoint.") from None
         if state is None:
             raise EnjoyError(f"Experiment {cfg.experiment_dir} has no usable checkpoint in {ckpt_dir}; "
                              "train it longer (one is written at exit) or pass --checkpoint PATH.")

@@ -20,9 +20,11 @@ The cases:
 
 train, resuming
   - the newest checkpoint is forged to run code when unpickled
+  - every checkpoint is damaged (was: a fresh start, deleting them at the first save)
 enjoy
   - the newest checkpoint is forged to run code when unpickled
   - --checkpoint names a forged checkpoint
+  - every checkpoint is damaged
 
 The rows run two at a time: most wait on a Python start-up and torch's import.
 """
@@ -47,6 +49,7 @@ TIMEOUT_S = 60
 TRAIN = "{root}/train"
 FORGED_NEWEST = "{root}/train/forged/checkpoints/checkpoint_000000000004.pt"
 RUNS_CODE = "holds more than tensors and plain data (it needs exec), so loading it could run code"
+ALL_DAMAGED = "checkpoint_000000000003.pt is truncated: its header promises"
 
 
 class Case(NamedTuple):
@@ -63,6 +66,10 @@ CASES = [
          RUNS_CODE),
     Case("enjoy-path-forged", "enjoy", ["--env", "CartPole-v1", "--train_dir", TRAIN, "--experiment", "good",
                                         "--checkpoint", FORGED_NEWEST], RUNS_CODE),
+    Case("train-resume-all-damaged", "train", ["--env", "CartPole-v1", "--train_dir", TRAIN, "--experiment", "damaged"],
+         ALL_DAMAGED),
+    Case("enjoy-all-damaged", "enjoy", ["--env", "CartPole-v1", "--train_dir", TRAIN, "--experiment", "damaged"],
+         ALL_DAMAGED),
 ]
 
 
@@ -74,6 +81,9 @@ def build_scratch(root: str) -> None:
     state = load_checkpoint(os.path.join(checkpoint_dir(forged), "checkpoint_000000000003.pt"))
     forge_checkpoint(FORGED_NEWEST.format(root=root),
                      {**state, "version": 4, "extra": MarkerPayload(os.path.join(root, "code_ran"))})
+    damaged = os.path.join(checkpoint_dir(make_experiment(train, "damaged")), "checkpoint_000000000003.pt")
+    with open(damaged, "r+b") as fh:
+        fh.truncate(os.path.getsize(damaged) // 2)
 
 
 def snapshot(root: str) -> dict:

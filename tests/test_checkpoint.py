@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import shutil
+import warnings
 from collections import OrderedDict
 
 import gymnasium as gym
@@ -75,6 +76,66 @@ def test_damaged_newest_is_skipped_with_warning(tmp_path, damage):
     with pytest.warns(RuntimeWarning, match="checkpoint_000000000002.pt"):
         state, path = load_latest_checkpoint(str(tmp_path))
     assert path == good and state["step"] == 1
+
+
+def test_a_damaged_newer_checkpoint_does_not_outlive_the_good_ones(tmp_path):
+    for step in (1, 2, 3, 9):
+        save_checkpoint(str(tmp_path), _state(step), step, keep=4)
+    with open(tmp_path / "checkpoint_000000000009.pt", "r+b") as fh:
+        fh.truncate(100)
+    # A resume takes the newest good checkpoint...
+    with pytest.warns(RuntimeWarning, match=r"checkpoint_000000000009.pt is truncated: .*; "
+                                            r"using the older checkpoint_000000000003.pt"):
+        state, _ = load_latest_checkpoint(str(tmp_path))
+    assert state["step"] == 3
+    # ...and the run numbers on upwards from it. Its first save deletes the damaged
+    # file, which as the highest number would otherwise hold a slot for good while
+    # the good checkpoints rotated out beside it.
+    save_checkpoint(str(tmp_path), _state(4), 4, keep=2)
+    assert _names(tmp_path) == ["checkpoint_000000000003.pt", "checkpoint_000000000004.pt"]
+    for step in (5, 6):
+        save_checkpoint(str(tmp_path), _state(step), step, keep=2)
+    assert _names(tmp_path) == ["checkpoint_000000000005.pt", "checkpoint_000000000006.pt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left to skip
+        assert load_latest_checkpoint(str(tmp_path))[0]["step"] == 6
+
+
+def test_a_damaged_checkpoint_among_good_ones_takes_no_slot(tmp_path, monkeypatch):
+    for step in (1, 2, 3):
+        save_checkpoint(str(tmp_path), _state(step), step, keep=3)
+    with open(tmp_path / "checkpoint_000000000002.pt", "r+b") as fh:
+        fh.truncate(100)
+    save_checkpoint(str(tmp_path), _state(4), 4, keep=3)
+    assert _names(tmp_path) == ["checkpoint_000000000001.pt", "checkpoint_000000000003.pt",
+                                "checkpoint_000000000004.pt"]
+    # Telling them apart costs no reading in a run that wrote its own files: each
+    # process verifies a file once, and knows the ones it wrote.
+    reads = []
+    monkeypatch.setattr(ckpt, "_verified_payload", lambda path: reads.append(path))
+    for step in (5, 6, 7):
+        save_checkpoint(str(tmp_path), _state(step), step, keep=3)
+    assert reads == []
+
+
+def test_when_every_checkpoint_is_damaged_loading_the_latest_is_an_error(tmp_path):
+    for path in [save_checkpoint(str(tmp_path), _state(step), step, keep=5) for step in (1, 2)]:
+        with open(path, "r+b") as fh:
+            fh.truncate(100)
+    # Not (None, None), which a resume would take as a fresh start.
+    with pytest.raises(CheckpointError, match=r"checkpoint_000000000002.pt is truncated: .*, "
+                                              r"and the 1 older one\(s\) beside it are damaged too"):
+        load_latest_checkpoint(str(tmp_path))
+    os.unlink(tmp_path / "checkpoint_000000000001.pt")
+    with pytest.raises(CheckpointError, match="checkpoint_000000000002.pt is truncated: .*, and there is no older one"):
+        load_latest_checkpoint(str(tmp_path))
+
+
+def test_a_folder_named_like_a_checkpoint_is_left_alone(tmp_path):
+    (tmp_path / "checkpoint_000000000009.pt").mkdir()
+    path = save_checkpoint(str(tmp_path), _state(1), 1, keep=1)
+    assert _names(tmp_path) == ["checkpoint_000000000001.pt", "checkpoint_000000000009.pt"]
+    assert load_latest_checkpoint(str(tmp_path))[1] == path
 
 
 def test_load_errors_name_the_file(tmp_path):

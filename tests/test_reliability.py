@@ -257,6 +257,10 @@ def test_a_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path,
     summary = read_summary(tmp_path, "CartPole-v1")
     assert summary["env_frames"] - summary["env_frames_this_run"] == kept["env_frames"]
     assert summary["learner_steps"] > kept["version"]
+    # The damaged file did not outlive the run that skipped it: what is left all loads,
+    # the newest being the resumed run's last.
+    left = checkpoints(tmp_path / "CartPole-v1" / "checkpoints")
+    assert [load_checkpoint(p)["version"] for p in left][-1] == summary["learner_steps"]
 
 
 def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):

@@ -155,23 +155,57 @@ def _atomic_write(path: str, state: dict) -> None:
 
 
 def _list_checkpoints(ckpt_dir: str):
-    """(step, path) of every checkpoint_<step>.pt in ckpt_dir, oldest first."""
+    """(step, path) of every checkpoint_<step>.pt file in ckpt_dir, oldest first. A
+    folder of that name is no checkpoint, and rotation could not delete it."""
     if not os.path.isdir(ckpt_dir):
         return []
     found = []
-    for name in os.listdir(ckpt_dir):
-        match = _NAME_RE.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(ckpt_dir, name)))
+    for entry in os.scandir(ckpt_dir):
+        match = _NAME_RE.match(entry.name)
+        if match and entry.is_file():
+            found.append((int(match.group(1)), entry.path))
     return sorted(found)
+
+
+# Checkpoint files this process wrote or verified, each with the fingerprint it had
+# then: the checksum of a file rotation keeps is read once, not at every save (a
+# keep of 50 large checkpoints would read them all each time).
+_verified: dict = {}
+
+
+def _fingerprint(path: str) -> tuple:
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns, info.st_ino
+
+
+def _is_good(path: str) -> bool:
+    """Whether checkpoint `path` passes its checksum, read only if it changed since
+    this process last found it good."""
+    fingerprint = _fingerprint(path)
+    if _verified.get(path) == fingerprint:
+        return True
+    try:
+        _verified_payload(path)
+    except CheckpointError:
+        return False
+    _verified[path] = fingerprint
+    return True
 
 
 def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> str:
     """Atomically write `state` as <ckpt_dir>/checkpoint_<name_step:012d>.pt.
 
-    Afterwards only the newest `keep` checkpoints remain (by step number); the file
-    just written is never deleted, even if older-numbered than the others. Returns
-    the path written.
+    Afterwards only the newest `keep` good checkpoints remain (by step number); the
+    file just written is never deleted, even if older-numbered than the others.
+    Returns the path written.
+
+    Damaged checkpoints are deleted whatever their number, and count for nothing.
+    One a resume skipped would otherwise stay: numbered above the resumed run's
+    files, it would hold a slot for good while the good checkpoints beside it
+    rotated out, or, below them, hold one of the `keep` slots meant for good ones.
+    Telling good from damaged takes reading a file for its checksum, which each
+    process does once per file: its own files are known good, and a file verified
+    once is not read again while it is unchanged (see _is_good).
     """
     state = _check_state(state)
     if not isinstance(keep, int) or keep < 1:
@@ -182,9 +216,16 @@ def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> st
     path = os.path.join(ckpt_dir, f"checkpoint_{name_step:012d}.pt")
     _atomic_write(path, state)
 
-    older = [p for _, p in _list_checkpoints(ckpt_dir) if p != path]
-    for stale in older[: max(0, len(older) - (keep - 1))]:
-        os.unlink(stale)
+    _verified[path] = _fingerprint(path)
+    kept = 0
+    for _, other in reversed(_list_checkpoints(ckpt_dir)):
+        if other == path:
+            continue
+        if kept < keep - 1 and _is_good(other):
+            kept += 1
+            continue
+        os.unlink(other)
+        _verified.pop(other, None)
     for name in os.listdir(ckpt_dir):
         if name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX):
             os.unlink(os.path.join(ckpt_dir, name))
@@ -211,6 +252,21 @@ def load_checkpoint(path: str) -> dict:
     truncated or fails its checksum, and RefusedCheckpointError when it is intact
     but is not a dict of tensors and plain data.
     """
+    payload = _verified_payload(path)
+    try:
+        # map_location="cpu" lets a GPU checkpoint open anywhere; load_state_dict
+        # moves tensors to the model's device.
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - intact bytes that are not plain data all mean the same
+        raise RefusedCheckpointError(path, _refusal(err)) from None
+    if not isinstance(state, dict):
+        raise RefusedCheckpointError(path, f"holds a {type(state).__name__}, not the dict a checkpoint is")
+    return state
+
+
+def _verified_payload(path: str) -> bytes:
+    """The payload of checkpoint file `path` once its header, length and checksum
+    check out; CheckpointError naming the problem otherwise."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -220,7 +276,8 @@ def load_checkpoint(path: str) -> dict:
     with f:
         header = f.read(_HEADER.size)
         if len(header) < _HEADER.size:
-            raise CheckpointError(path, f"is truncated: {len(header)} bytes, shorter than its {_HEADER.size}-byte header")
+            raise CheckpointError(
+                path, f"is truncated: {len(header)} bytes, shorter than its {_HEADER.size}-byte header")
         magic, length, expected = _HEADER.unpack(header)
         if magic != MAGIC:
             raise CheckpointError(path, f"is not a fastrl checkpoint (its first bytes are {magic!r})")
@@ -233,15 +290,7 @@ def load_checkpoint(path: str) -> dict:
         raise CheckpointError(path, f"is corrupt: it has bytes past the {length}-byte payload")
     if hashlib.sha256(payload).digest() != expected:
         raise CheckpointError(path, "is corrupt: its SHA-256 does not match the header")
-    try:
-        # map_location="cpu" lets a GPU checkpoint open anywhere; load_state_dict
-        # moves tensors to the model's device.
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - intact bytes that are not plain data all mean the same
-        raise RefusedCheckpointError(path, _refusal(err)) from None
-    if not isinstance(state, dict):
-        raise RefusedCheckpointError(path, f"holds a {type(state).__name__}, not the dict a checkpoint is")
-    return state
+    return payload
 
 
 def _refusal(err: Exception) -> str:
@@ -255,17 +304,31 @@ def _refusal(err: Exception) -> str:
 
 
 def load_latest_checkpoint(ckpt_dir: str) -> Tuple[Optional[dict], Optional[str]]:
-    """Load the newest valid checkpoint in ckpt_dir: (state, path), or (None, None).
+    """Load the newest good checkpoint in ckpt_dir: (state, path), or (None, None)
+    when it holds no checkpoint file.
 
-    Damaged files are skipped with a warning naming them, falling back to the next
-    older one, so a crash mid-copy or a damaged disk block costs one checkpoint
-    interval rather than the run. A RefusedCheckpointError is raised, not skipped.
+    Damaged files are skipped for the next older one, each named in a warning, so a
+    crash mid-copy or a damaged disk block costs one checkpoint interval rather than
+    the run (and the next save_checkpoint deletes them). When every file is damaged
+    this raises CheckpointError instead of returning (None, None): starting over
+    would throw away the whole run, which is the user's call. A
+    RefusedCheckpointError is raised, never skipped.
     """
+    damaged = []
     for _, path in reversed(_list_checkpoints(ckpt_dir)):
         try:
-            return load_checkpoint(path), path
+            state = load_checkpoint(path)
         except RefusedCheckpointError:
             raise
         except CheckpointError as err:
-            warnings.warn(f"Skipping unusable checkpoint: {err}.", RuntimeWarning, stacklevel=2)
+            damaged.append(err)
+            continue
+        for err in damaged:
+            warnings.warn(f"Skipping unusable checkpoint: {err}; using the older {os.path.basename(path)}.",
+                          RuntimeWarning, stacklevel=2)
+        return state, path
+    if damaged:
+        newest, older = damaged[0], len(damaged) - 1
+        rest = f"the {older} older one(s) beside it are damaged too" if older else "there is no older one"
+        raise CheckpointError(newest.path, f"{newest.problem}, and {rest}")
     return None, None

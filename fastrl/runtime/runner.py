@@ -23,7 +23,12 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that send 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout, resolve_device
 from fastrl.config import Config, ConfigError, check_env_and_options, env_options, save_config, validate
-from fastrl.learning.checkpoint import RefusedCheckpointError, checkpoint_dir, load_latest_checkpoint
+from fastrl.learning.checkpoint import (
+    CheckpointError,
+    RefusedCheckpointError,
+    checkpoint_dir,
+    load_latest_checkpoint,
+)
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import learner_main
@@ -132,7 +137,9 @@ def prepare_experiment(cfg: Config, explicit: set):
     try:
         state, path = (None, None) if cfg.restart else load_latest_checkpoint(checkpoint_dir(cfg))
     except RefusedCheckpointError as err:
-        raise ConfigError(f"{err}; delete it if you did not write it, or pass --restart to start over.") from None
+        raise ConfigError(f"{err}; fastrl writes no such file, so delete it or pass --restart to start over.") from None
+    except CheckpointError as err:  # every checkpoint is damaged
+        raise ConfigError(f"{err}; pass --restart to start over.") from None
     if state is not None and state.get("env") != cfg.env:
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
