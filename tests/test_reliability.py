@@ -339,7 +339,8 @@ def test_an_unwritable_train_dir_is_refused_before_any_process(tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     run = start([*CARTPOLE, "--train_dir", str(tmp_path / "a_file" / "runs")])
     assert finish(run, 60) == 2
-    assert f"--train_dir {tmp_path / 'a_file' / 'runs'} cannot be written" in run.output()
+    assert (f"The experiment folder {tmp_path / 'a_file' / 'runs' / 'CartPole-v1'} cannot be written "
+            f"({tmp_path / 'a_file'} is not a folder)") in run.output()
     assert "Traceback" not in run.output()
     assert run.descendants == set()
 
