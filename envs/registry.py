@@ -81,9 +81,15 @@ def _module_spec(name: str) -> EnvSpec:
     module, env_id = name.split(":", 1)
     try:
         importlib.import_module(module)
-    except ImportError as err:
+    except ModuleNotFoundError as err:
+        if not f"{module}.".startswith(f"{err.name}."):  # the module is there, but something it imports is not
+            raise UnknownEnvError(f"Env {name!r}: module {module!r} failed to import ({describe_error(err)}); "
+                                  "install what it needs.") from None
         raise UnknownEnvError(f"Env {name!r}: module {module!r} cannot be imported ({err}); "
                               "put its folder on PYTHONPATH.") from None
+    except Exception as err:  # noqa: BLE001 - the user's module failed on import, however it did
+        raise UnknownEnvError(f"Env {name!r}: module {module!r} failed to import ({describe_error(err)}); "
+                              "fix that module.") from None
     if env_id not in gymnasium.registry:
         raise UnknownEnvError(f"Env {name!r}: importing {module!r} did not register {env_id!r}; "
                               f"call gymnasium.register(id={env_id!r}, entry_point=...) in that module.")
@@ -139,3 +145,9 @@ def _unknown_message(name: str) -> str:
 
     return (f"Unknown env {name!r}: it is neither a fastrl env ({', '.join(SCENARIOS)}, atari_<game> "
             "like atari_pong) nor a registered gymnasium id.")
+
+
+def describe_error(err: BaseException) -> str:
+    """An env's exception in one line: its type and its message's first line."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

@@ -9,6 +9,8 @@ import sys
 # A source tree used without installing it (on PYTHONPATH, or under an editable
 # install made before that mapping) has no fastrl/envs: there the name resolves to the
 # envs/ folder beside this package. Installed, fastrl/envs exists and this stays out.
+# First on sys.meta_path: an editable install of another checkout maps fastrl.envs
+# to that checkout's envs/, and this package must not run with another's envs.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKOUT_ENVS = os.path.join(os.path.dirname(_HERE), "envs")
 
@@ -23,4 +25,4 @@ class _CheckoutEnvsFinder:
 
 
 if not os.path.isdir(os.path.join(_HERE, "envs")) and os.path.isfile(os.path.join(_CHECKOUT_ENVS, "__init__.py")):
-    sys.meta_path.append(_CheckoutEnvsFinder)
+    sys.meta_path.insert(0, _CheckoutEnvsFinder)

@@ -39,7 +39,7 @@ import torch
 from tqdm import tqdm
 
 from fastrl.config import Config, ConfigError, build_parser, parse_args
-from fastrl.plumbing.files import write_json
+from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.proc import usable_cores
 from fastrl.plumbing.stats_board import FIELDS
 from fastrl.tuning.bottleneck import diagnose
@@ -66,7 +66,7 @@ class BenchError(RuntimeError):
 
 
 def build_bench_parser():
-    parser = build_parser(prog="python -m fastrl.bench",
+    parser = build_parser(prog="python -m fastrl.bench", error_name="fastrl.bench",
                           description="Measure fastrl's throughput on this machine and name the bottleneck. "
                                       "Takes every train option; runs go to a temporary folder, so --train_dir "
                                       "and --experiment are ignored.")
@@ -319,8 +319,10 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     """Measure `modes` of the layout `python -m fastrl.train` would run with these
     options (`explicit`: the ones the user set, which a plan keeps) and return the
     whole report (what --json writes)."""
-    if not seconds > 0 or not warmup >= 0:
-        raise ConfigError(f"--seconds {seconds:g} must be positive and --warmup {warmup:g} not negative.")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"--seconds is {seconds:g} but must be a positive number.")
+    if not (math.isfinite(warmup) and warmup >= 0):
+        raise ConfigError(f"--warmup is {warmup:g} but must be a number, 0 or more.")
     from fastrl.runtime.runner import prepare_experiment
     from fastrl.tuning import planner
 
@@ -549,9 +551,10 @@ def main(argv=None) -> int:
     cfg, extra = parse_args(argv, build_bench_parser())
     torch.set_num_threads(1)  # this process only watches the runs; measure_model sets its own threads
     modes = list(MODES) if extra.mode == "all" else [extra.mode]
-    if extra.json and not os.access(os.path.dirname(os.path.abspath(extra.json)), os.W_OK):
-        print(f"fastrl.bench: error: --json {extra.json} cannot be written (its folder is missing or read-only); "
-              "choose another path.", file=sys.stderr)
+    reason = extra.json and cannot_write(extra.json)
+    if reason:  # asked now, not after minutes of measuring
+        print(f"fastrl.bench: error: --json {extra.json} cannot be written ({reason}); choose another path.",
+              file=sys.stderr)
         return 2
     try:
         report = run_bench(cfg, extra.explicit, modes, extra.seconds, extra.warmup)
@@ -566,6 +569,7 @@ def main(argv=None) -> int:
         return 130
     print(format_report(report))
     if extra.json:
+        os.makedirs(os.path.dirname(os.path.abspath(extra.json)), exist_ok=True)
         write_json(extra.json, report, indent=2)
         print(f"wrote {os.path.abspath(extra.json)}")
     return 0

@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fastrl.plumbing.files import write_json
+from fastrl.plumbing.files import cannot_write, write_json
+from fastrl.plumbing.seeding import SEED_BITS
 
 
 class ConfigError(ValueError):
@@ -179,6 +181,13 @@ def validate(cfg: Config) -> None:
     """Raise ConfigError naming the first impossible setting and how to fix it."""
     if not cfg.env:
         raise ConfigError("No environment given: pass --env, for example --env CartPole-v1 or --env doom_battle.")
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{f.name} is {value} but must be a finite number.")
+    if not 0 <= cfg.seed < 2**SEED_BITS:
+        raise ConfigError(f"--seed is {cfg.seed} but must lie in [0, {2**SEED_BITS - 1}], "
+                          "the seeds every env takes (some hand theirs to a C engine).")
     for name in ("num_workers", "num_envs_per_worker", "num_policy_workers", "torch_threads", "rollout",
                  "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size", "eval_episodes"):
         if getattr(cfg, name) <= 0:
@@ -240,18 +249,38 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--plan {cfg.plan} is neither auto, off nor a plan.json file; check the path.")
     if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
         raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
-    _check_writable(cfg.train_dir)
+    reason = cannot_write(cfg.experiment_dir, folder=True)
+    if reason:
+        raise ConfigError(f"The experiment folder {cfg.experiment_dir} cannot be written ({reason}); "
+                          "choose another --train_dir or --experiment.")
 
 
 def check_env_and_options(cfg: Config):
-    """validate() plus the env name, without importing torch; returns the EnvSpec."""
+    """validate() plus the env name and its options, without importing torch; returns
+    the EnvSpec. An env ignores the options of another family (fastrl.envs.registry),
+    so a --doom_* or --atari_* option given for an env it cannot apply to is refused
+    here rather than silently dropped."""
     validate(cfg)
     from fastrl.envs.registry import UnknownEnvError, get_spec
 
     try:
-        return get_spec(cfg.env)
+        spec = get_spec(cfg.env)
     except UnknownEnvError as err:
         raise ConfigError(str(err)) from None
+    for option in env_options(cfg):
+        family = option.split("_")[0]
+        if not cfg.env.startswith(f"{family}_"):
+            raise ConfigError(f"--{option} applies to {family}_* envs only, and {cfg.env} is not one; drop it.")
+    return spec
+
+
+def env_failure(name: str, err: Exception) -> str:
+    """The sentence for an env that could not be made, whatever it raised (a missing
+    dependency, a bad scenario file, the user's own env failing): its cause is the
+    env's, so what it said matters to the user, not a traceback through fastrl."""
+    from fastrl.envs.registry import describe_error
+
+    return f"The env {name} could not be made ({describe_error(err)})."
 
 
 def env_options(cfg: Config) -> dict:
@@ -270,17 +299,6 @@ def env_options(cfg: Config) -> dict:
     return options
 
 
-def _check_writable(path: str) -> None:
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--train_dir {path} cannot be written ({probe} is not a writable folder); choose another --train_dir.")
-
-
 # --------------------------------------------------------------------------------------------
 # Command line
 
@@ -297,16 +315,22 @@ def _optional_float(text: str) -> Optional[float]:
     return None if str(text).lower() in ("none", "") else float(text)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-sentence errors and a 'did you mean' for misspelt options."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, "<name>: error: <message>", under the name
+    the command's other errors use, instead of a usage block and then the error."""
+
+    def __init__(self, *args, error_name: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_name = error_name
 
     def error(self, message: str):  # noqa: D401 - argparse hook
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.error_name}: error: {message}\n")
 
 
-def build_parser(prog: str = "python -m fastrl.train", description: str = "Train an agent with asynchronous APPO.") -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description=description, allow_abbrev=False,
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser(prog: str = "python -m fastrl.train", description: str = "Train an agent with asynchronous APPO.",
+                 error_name: str = "fastrl") -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description=description, allow_abbrev=False, error_name=error_name,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         meta = f.metadata
         # argparse formats help with %-interpolation (%(default)s), so a literal % must be doubled.
@@ -338,7 +362,7 @@ def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> t
         known = [a for action in parser._actions for a in action.option_strings]
         guess = difflib.get_close_matches(bad.split("=")[0], known, n=1)
         hint = f" Did you mean {guess[0]}?" if guess else " Run with --help to list the options."
-        parser.exit(2, f"{parser.prog}: error: unknown option {bad}.{hint}\n")
+        parser.error(f"unknown option {bad}.{hint}")
     names = {f.name for f in dataclasses.fields(Config)}
     explicit = _explicit_options(argv, parser) & names
     values = {k: v for k, v in vars(args).items() if k in names}

@@ -25,14 +25,17 @@ import torch
 from tqdm import tqdm
 
 from fastrl.algo.model import build_model, obs_to_tensors
-from fastrl.config import Config
+from fastrl.config import Config, OneLineParser, env_failure, env_options
 from fastrl.learning.checkpoint import (
     BEST_NAME,
     CheckpointError,
+    RefusedCheckpointError,
     checkpoint_dir,
     load_checkpoint,
     load_latest_checkpoint,
 )
+from fastrl.plumbing.files import cannot_write
+from fastrl.plumbing.seeding import SEED_BITS
 
 DEFAULT_VIDEO_FPS = 30
 
@@ -42,8 +45,9 @@ class EnjoyError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fastrl.enjoy", description="Watch a trained agent play.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser = OneLineParser(prog="python -m fastrl.enjoy", description="Watch a trained agent play.",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
+                           error_name="fastrl.enjoy")
     parser.add_argument("--env", required=True, help="Environment to play, as given to fastrl.train.")
     parser.add_argument("--experiment", default="", help="Experiment name (defaults to the env name, as in training).")
     parser.add_argument("--train_dir", default="train_dir", help="Root folder of experiments.")
@@ -62,8 +66,15 @@ def load_experiment_config(experiment_dir: str) -> Config:
     if not os.path.isfile(path):
         raise EnjoyError(f"No experiment at {experiment_dir} (it has no config.json); "
                          "check --experiment and --train_dir, or train it first with python -m fastrl.train.")
-    with open(path) as fh:
-        saved = json.load(fh)
+    try:
+        with open(path) as fh:
+            saved = json.load(fh)
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not even text
+        raise EnjoyError(f"{path} cannot be read as the JSON fastrl writes ({err}); "
+                         "restore it, or train the experiment again.") from None
+    if not isinstance(saved, dict):
+        raise EnjoyError(f"{path} holds a JSON {type(saved).__name__}, not the options fastrl writes; "
+                         "restore it, or train the experiment again.")
     # Options this version no longer knows are dropped: they cannot change the model
     # this version builds, and refusing an older experiment over them helps no one.
     known = {f.name for f in dataclasses.fields(Config)}
@@ -74,7 +85,12 @@ def select_checkpoint(cfg: Config, which: str) -> tuple:
     """(state, path) of the checkpoint named by --checkpoint: latest, best or a path."""
     ckpt_dir = checkpoint_dir(cfg)
     if which == "latest":
-        state, path = load_latest_checkpoint(ckpt_dir)
+        try:
+            state, path = load_latest_checkpoint(ckpt_dir)
+        except RefusedCheckpointError as err:
+            raise EnjoyError(f"{err}; fastrl writes no such file, so delete it or pass --checkpoint PATH.") from None
+        except CheckpointError as err:  # every checkpoint is damaged
+            raise EnjoyError(f"{err}; pass --checkpoint best or the path of a good checkpoint.") from None
         if state is None:
             raise EnjoyError(f"Experiment {cfg.experiment_dir} has no usable checkpoint in {ckpt_dir}; "
                              "train it longer (one is written at exit) or pass --checkpoint PATH.")
@@ -86,7 +102,7 @@ def select_checkpoint(cfg: Config, which: str) -> tuple:
     try:
         return load_checkpoint(path), path
     except CheckpointError as err:
-        raise EnjoyError(f"{err} Pass --checkpoint latest, best or the path of a valid checkpoint.") from None
+        raise EnjoyError(f"{err}; pass --checkpoint latest, best or the path of another checkpoint.") from None
 
 
 class VideoSink:
@@ -150,12 +166,26 @@ def play_episode(env, model, seed: int, deterministic: bool, video: Optional[Vid
     return episode_return, length, None if objective is None else float(objective)
 
 
-def run(args) -> None:
-    from fastrl.config import env_options
-    from fastrl.envs.registry import UnknownEnvError, get_spec
-
+def check_arguments(args) -> None:
+    """What the arguments alone can refuse, before anything is loaded or played."""
     if args.episodes < 1:
         raise EnjoyError(f"--episodes is {args.episodes} but must be at least 1.")
+    last_seed = 2**SEED_BITS - args.episodes  # episode i plays with seed --seed + i
+    if not 0 <= args.seed <= last_seed:
+        raise EnjoyError(f"--seed is {args.seed} but must lie in [0, {last_seed}], so that every episode's "
+                         "seed (--seed + i) is one an env takes.")
+    if args.save_video:
+        if not args.save_video.lower().endswith(".mp4"):
+            raise EnjoyError(f"--save_video {args.save_video} must name an .mp4 file, like videos/run.mp4.")
+        reason = cannot_write(args.save_video)
+        if reason:
+            raise EnjoyError(f"--save_video {args.save_video} cannot be written ({reason}); choose another path.")
+
+
+def run(args) -> None:
+    from fastrl.envs.registry import UnknownEnvError, get_spec
+
+    check_arguments(args)
     experiment_dir = os.path.join(args.train_dir, args.experiment or args.env)
     cfg = load_experiment_config(experiment_dir)
     # The saved config's own train_dir/experiment may point elsewhere (a moved folder):
@@ -167,7 +197,10 @@ def run(args) -> None:
     except UnknownEnvError as err:
         raise EnjoyError(str(err)) from None
     # Episodes are full games: an Atari life lost ends only the learner's episode.
-    env = spec.make(seed=args.seed, render_mode="rgb_array", **{**env_options(cfg), "atari_episodic_life": False})
+    try:
+        env = spec.make(seed=args.seed, render_mode="rgb_array", **{**env_options(cfg), "atari_episodic_life": False})
+    except Exception as err:  # noqa: BLE001 - the env's own failure, whatever it is (see env_failure)
+        raise EnjoyError(env_failure(args.env, err)) from None
     video = None
     try:
         model = build_model(cfg, env.observation_space, env.action_space)

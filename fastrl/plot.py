@@ -11,11 +11,13 @@ flat stretch.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
 from typing import List, NamedTuple
+
+from fastrl.config import OneLineParser
+from fastrl.plumbing.files import cannot_write
 
 DEFAULT_METRIC = "train/return_mean_100"
 
@@ -75,9 +77,24 @@ def draw(curves: List[Curve], out: str, metric: str = DEFAULT_METRIC) -> None:
     plt.close(fig)
 
 
+def check_out(out: str) -> None:
+    """Refuse an --out that matplotlib cannot write, before any events are read: an
+    unknown extension (and none at all, to which it would silently add .png), a
+    folder, or a place no file can be made."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    extension = os.path.splitext(out)[1].lower().lstrip(".")
+    if extension not in formats:
+        raise PlotError(f"--out {out} must end in an image type matplotlib writes, like .png, .pdf or .svg.")
+    reason = cannot_write(out)
+    if reason:
+        raise PlotError(f"--out {out} cannot be written ({reason}); choose another path.")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastrl.plot", description=__doc__.split("\n\n")[0],
-                                     allow_abbrev=False)
+    parser = OneLineParser(prog="python -m fastrl.plot", description=__doc__.split("\n\n")[0],
+                           allow_abbrev=False, error_name="fastrl.plot")
     parser.add_argument("experiments", nargs="+", metavar="EXP_DIR", help="Experiment folders (<train_dir>/<name>).")
     parser.add_argument("--out", default="curves.png", help="Image to write (png, pdf or svg by extension).")
     parser.add_argument("--metric", default=DEFAULT_METRIC, help="Scalar to plot, as named in TensorBoard.")
@@ -87,6 +104,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
+        check_out(args.out)
         curves = [read_curve(exp, args.metric) for exp in args.experiments]
     except PlotError as err:
         print(f"fastrl.plot: error: {err}", file=sys.stderr)

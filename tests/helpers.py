@@ -1,6 +1,8 @@
 """Running the real command line in tests, and checking it left nothing behind."""
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import queue
@@ -10,6 +12,13 @@ import threading
 import time
 
 import psutil
+import torch
+from fastrl.envs.registry import get_spec
+
+from fastrl.algo.model import build_model
+from fastrl.config import Config, save_config
+from fastrl.learning import checkpoint as ckpt
+from fastrl.learning.checkpoint import checkpoint_dir, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -134,3 +143,42 @@ class TrainRun:
 def read_summary(train_dir, experiment: str) -> dict:
     with open(os.path.join(train_dir, experiment, "summary.json")) as fh:
         return json.load(fh)
+
+
+def make_experiment(train_dir: str, name: str, env: str = "CartPole-v1", **options):
+    """A real experiment folder as the trainer leaves it, without training: config.json
+    and one checkpoint (version 3) in the learner's format, of an untrained model
+    built with `options`. Returns its Config."""
+    cfg = Config(env=env, experiment=name, train_dir=train_dir, **options)
+    made = get_spec(env).make(seed=0)
+    torch.manual_seed(0)
+    model = build_model(cfg, made.observation_space, made.action_space)
+    made.close()
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "version": 3, "env_frames": 1234,
+             "samples_trained": 1000, "env": env, "config": cfg.to_dict(), "torch_rng": torch.get_rng_state()}
+    save_checkpoint(checkpoint_dir(cfg), state, 3, cfg.keep_checkpoints)
+    save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
+    return cfg
+
+
+class MarkerPayload:
+    """Unpickled, it runs code: exec creates the file `marker`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def forge_checkpoint(path, state) -> bytes:
+    """Write `state` in fastrl's checkpoint format by hand, as anyone can: a valid
+    header, checksum included, around a torch.save payload that fastrl's own saving
+    would refuse. Returns the payload."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    with open(path, "wb") as fh:
+        fh.write(ckpt._HEADER.pack(ckpt.MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
+    return payload

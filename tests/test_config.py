@@ -54,6 +54,10 @@ def test_unknown_option_suggests_the_closest(capsys):
     ({"gamma": 1.5}, "--gamma"),
     ({"worker_nice": 20}, "--worker_nice is 20"),
     ({"worker_nice": -1}, "--worker_nice is -1"),
+    ({"lr": float("nan")}, "--lr is nan but must be a finite number"),
+    ({"stop_at_reward": float("inf")}, "--stop_at_reward is inf but must be a finite number"),
+    ({"seed": -1}, "--seed is -1 but must lie in [0, 2147483647]"),
+    ({"seed": 2**31}, "--seed is 2147483648"),
 ])
 def test_impossible_configs_are_refused_with_a_sentence(tmp_path, change, words):
     cfg = dataclasses.replace(Config(env="CartPole-v1", train_dir=str(tmp_path)), **change)

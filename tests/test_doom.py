@@ -211,11 +211,17 @@ def test_custom_scenario(tmp_path):
     env.close()
 
 
-def test_custom_scenario_errors(tmp_path):
+def test_custom_scenario_errors(tmp_path, capfd):
     with pytest.raises(ValueError, match="doom_scenario"):
         make("doom_custom")
     with pytest.raises(ValueError, match="not a file"):
         make("doom_custom", doom_scenario=str(tmp_path / "missing.cfg"))
+    (tmp_path / "notes.cfg").write_text("buy milk\n\nepisode_timeout = 40\nsee Bob\n")
+    capfd.readouterr()
+    with pytest.raises(ValueError, match=r"could not load the config .*notes.cfg: "
+                                         r"Syntax error in line #1, and 1 more complaint\(s\)$"):
+        make("doom_custom", doom_scenario=str(tmp_path / "notes.cfg"))
+    assert capfd.readouterr().err == ""  # ViZDoom's own lines went into the error, not the terminal
     with pytest.raises(ValueError, match="did you mean doom_measurements"):
         make("doom_basic", doom_measurments=True)
 

@@ -6,12 +6,12 @@ import subprocess
 import sys
 
 import cv2
-import torch
+from helpers import make_experiment
 
 from fastrl import enjoy, plot
 from fastrl.algo.model import build_model
-from fastrl.config import Config, save_config
-from fastrl.learning.checkpoint import checkpoint_dir, save_checkpoint
+from fastrl.config import Config
+from fastrl.learning.checkpoint import checkpoint_dir
 from fastrl.runtime.monitor import Monitor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,21 +19,8 @@ ENV = "CartPole-v1"
 
 
 def _make_experiment(train_dir: str, name: str = "tiny") -> Config:
-    """A real experiment folder as the trainer leaves it, without training: config.json
-    and one checkpoint in the learner's format, of an untrained GRU model."""
-    from fastrl.envs.registry import get_spec
-
-    cfg = Config(env=ENV, experiment=name, train_dir=train_dir, hidden_sizes="16", use_rnn=True, rnn_size=8)
-    env = get_spec(ENV).make(seed=0)
-    torch.manual_seed(0)
-    model = build_model(cfg, env.observation_space, env.action_space)
-    env.close()
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "version": 3, "env_frames": 1234,
-             "samples_trained": 1000, "env": ENV, "config": cfg.to_dict(), "torch_rng": torch.get_rng_state()}
-    save_checkpoint(checkpoint_dir(cfg), state, 3, cfg.keep_checkpoints)
-    save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
-    return cfg
+    """An experiment of an untrained GRU model, without training."""
+    return make_experiment(train_dir, name, ENV, hidden_sizes="16", use_rnn=True, rnn_size=8)
 
 
 def test_enjoy_prints_returns_and_writes_a_decodable_video(tmp_path):
@@ -83,7 +70,7 @@ def test_enjoy_refuses_a_missing_experiment_or_checkpoint(tmp_path, capsys):
     assert "has no best checkpoint" in capsys.readouterr().err
     missing = str(tmp_path / "missing.pt")
     assert enjoy.main(["--env", ENV, "--experiment", "tiny", "--train_dir", train_dir, "--checkpoint", missing]) == 2
-    assert f"Checkpoint {missing} does not exist." in capsys.readouterr().err
+    assert f"Checkpoint {missing} does not exist; pass --checkpoint latest" in capsys.readouterr().err
 
     for name in os.listdir(checkpoint_dir(cfg)):
         os.unlink(os.path.join(checkpoint_dir(cfg), name))

@@ -1,4 +1,6 @@
 """The env registry: names, frameskips, gymnasium ids, errors for unknown names."""
+import sys
+
 import numpy as np
 import pytest
 from fastrl.envs.doom.actions import TURN_ANGLES, ActionMapper
@@ -61,6 +63,25 @@ def test_unknown_name_without_a_close_match_is_one_sentence():
         get_spec("zzzzqqqq")
     message = str(err.value)
     assert "\n" not in message and message.endswith(".") and "doom_battle" in message
+
+
+@pytest.mark.parametrize("source, words", [
+    (None, "module 'fastrl_test_envmod' cannot be imported (No module named 'fastrl_test_envmod'); put its folder"),
+    ("import no_such_dependency_xyz\n", "failed to import (ModuleNotFoundError: No module named "
+                                         "'no_such_dependency_xyz'); install what it needs"),
+    ("raise RuntimeError('boom\\nsecond line')\n", "failed to import (RuntimeError: boom); fix that module"),
+    ("x = (\n", "failed to import (SyntaxError: "),
+])
+def test_a_module_env_that_cannot_be_imported_is_one_sentence(tmp_path, monkeypatch, source, words):
+    """An env given as module:Id whose module is missing, needs a missing package, or
+    fails on import: the user learns which, in one line, whatever the module raised."""
+    if source is not None:
+        (tmp_path / "fastrl_test_envmod.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fastrl_test_envmod", raising=False)
+    with pytest.raises(UnknownEnvError) as err:
+        get_spec("fastrl_test_envmod:Mine-v0")
+    assert words in str(err.value) and "\n" not in str(err.value)
 
 
 # -- the action mapping (no engine needed) ------------------------------------------------

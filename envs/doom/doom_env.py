@@ -29,6 +29,8 @@ The env does not reset itself after an episode ends: call reset().
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 import time
 
 import cv2
@@ -59,6 +61,35 @@ VIZDOOM_FAILURES = (
 )
 
 _cv2_threads_set = False
+
+
+def _with_fd2_taken(fn, *args):
+    """(fn(*args), what it wrote to file descriptor 2 meanwhile). ViZDoom's config
+    parser writes a warning there from C++ for each line it rejects, and then only
+    returns False; taking them lets the error say why in one sentence instead of
+    leaving them loose on the terminal. Anything another thread writes to stderr in
+    the moment is taken too, and comes back with them."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as taken:
+        saved = os.dup(2)
+        os.dup2(taken.fileno(), 2)
+        try:
+            result = fn(*args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        taken.seek(0)
+        return result, taken.read().decode(errors="replace")
+
+
+def _first_complaint(complaints: str) -> str:
+    """'Syntax error in line #1' from ViZDoom's 'WARNING! Loading config from:
+    "PATH". Syntax error in line #1. Line ignored.', with a count of the rest."""
+    lines = [line for line in complaints.splitlines() if line.strip()]
+    if not lines:
+        return "it gave no reason"
+    first = lines[0].split('". ', 1)[-1].removesuffix(" Line ignored.").removesuffix(" Lines ignored.").rstrip(".")
+    return first + (f", and {len(lines) - 1} more complaint(s)" if len(lines) > 1 else "")
 
 
 def _absolute_wad_in(config_path: str) -> str | None:
@@ -140,8 +171,10 @@ class DoomEnv(gym.Env):
     # -- the game ------------------------------------------------------------------
     def _configure(self) -> vzd.DoomGame:
         game = vzd.DoomGame()
-        if not game.load_config(self.config_path):
-            raise ValueError(f"ViZDoom could not load the config {self.config_path}")
+        loaded, complaints = _with_fd2_taken(game.load_config, self.config_path)
+        if not loaded:
+            raise ValueError(f"ViZDoom could not load the config {self.config_path}: {_first_complaint(complaints)}")
+        sys.stderr.write(complaints)  # warnings about a config it did load are the user's to see
         wad = _absolute_wad_in(self.config_path) if self._custom_config else self.scenario.wad_path()
         if wad is not None:
             game.set_doom_scenario_path(wad)

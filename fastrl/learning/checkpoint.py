@@ -1,4 +1,4 @@
-"""Atomic, self-verifying checkpoint files.
+"""Atomic, self-verifying checkpoint files that cannot run code.
 
 A run can die at any instant (SIGKILL, power loss, full disk), and a resume must
 never load half a file. So every checkpoint is written to a temp file in the target
@@ -7,6 +7,17 @@ is fsynced so the rename itself survives a crash. Renaming alone does not catch 
 file damaged later (disk errors, a copy cut short), so each file starts with a header
 carrying the payload's length and SHA-256; a load checks both before unpickling.
 
+A checkpoint holds only tensors and plain data (dicts, lists and tuples of str, int,
+float, bool and None), and is read with torch.load(weights_only=True), whose
+unpickler builds nothing else: a checkpoint someone hands you cannot run code when
+fastrl opens it. The checksum cannot promise that, since whoever writes a payload
+writes its checksum too; what it tells apart is damage from intent. A file failing
+its checksum was damaged after it was written, and a resume skips it for an older
+one (CheckpointError); an intact file the unpickler refuses was written that way,
+and is refused outright (RefusedCheckpointError), never skipped: someone put it there.
+Saving converts numpy scalars to Python numbers and refuses anything else that is
+not plain data, so a file fastrl writes always loads.
+
 File layout: MAGIC (8 bytes) | payload length (uint64 LE) | sha256(payload) (32 bytes)
 | payload (torch.save of the state dict).
 
@@ -14,6 +25,7 @@ Assumes one writer per checkpoint directory (the learner): stale temp files from
 killed writer are deleted by the next save.
 """
 
+import copy
 import hashlib
 import io
 import os
@@ -21,8 +33,10 @@ import re
 import struct
 import tempfile
 import warnings
+from collections import OrderedDict
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 
 MAGIC = b"FRLCKPT1"
@@ -32,10 +46,27 @@ _TMP_PREFIX = ".tmp_"
 _TMP_SUFFIX = ".partial"
 BEST_NAME = "best.pt"
 _CHUNK = 1 << 20
+# Leaves and containers that torch.load(weights_only=True) rebuilds; what _plain accepts.
+_LEAVES = (bool, int, float, str, type(None))
+_CONTAINERS = (dict, OrderedDict, list, tuple)
 
 
 class CheckpointError(Exception):
-    """A checkpoint file is missing, truncated, corrupt or unreadable."""
+    """A checkpoint file that is missing, truncated, corrupt or unreadable: damaged,
+    so a resume falls back to an older one. str() is one clause without a full
+    stop, "Checkpoint PATH PROBLEM", for callers to end with their own advice."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(path, problem)  # both in args: the exception pickles across processes
+        self.path, self.problem = path, problem
+
+    def __str__(self) -> str:
+        return f"Checkpoint {self.path} {self.problem}"
+
+
+class RefusedCheckpointError(CheckpointError):
+    """An intact checkpoint file that does not load as tensors and plain data: loading
+    it any further could run code, so nothing skips it silently."""
 
 
 def checkpoint_dir(cfg) -> str:
@@ -51,12 +82,45 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _check_state(state) -> None:
+def _plain(value, where: str):
+    """`value` as data torch.load(weights_only=True) rebuilds: numpy scalars become
+    Python numbers (np.float32(0.5) pickles as a numpy object, which that loader
+    refuses), anything else that is not plain data is a TypeError naming `where`.
+    A container comes back as itself when nothing in it changed, so a model's
+    state_dict keeps its OrderedDict and the _metadata attribute on it."""
+    if isinstance(value, torch.Tensor) or type(value) in _LEAVES:
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if type(value) not in _CONTAINERS:
+        raise TypeError(
+            f"Checkpoint value {where} is a {type(value).__module__}.{type(value).__qualname__}; a checkpoint holds "
+            "only tensors, numbers, strings, None and dicts, lists or tuples of them, so that it loads without "
+            "running code: convert it to one of those.")
+    if isinstance(value, dict):
+        for key in value:
+            if type(key) not in _LEAVES:
+                raise TypeError(f"Checkpoint key {key!r} in {where} is a {type(key).__name__}; use a str or int key.")
+        converted = {k: _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if all(converted[k] is v for k, v in value.items()):
+            return value
+        out = copy.copy(value)  # keeps the dict's type and attributes
+        out.update(converted)
+        return out
+    converted = [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if all(c is v for c, v in zip(converted, value)):
+        return value
+    return type(value)(converted)
+
+
+def _check_state(state) -> dict:
+    """The state to save, as plain data (see _plain)."""
     if not isinstance(state, dict):
         raise TypeError(
             f"A checkpoint state must be a dict (of tensors, dicts and numbers), got "
             f"{type(state).__name__}; wrap it, e.g. {{'model': model.state_dict()}}."
         )
+    return _plain(state, "state")
 
 
 def _atomic_write(path: str, state: dict) -> None:
@@ -91,25 +155,59 @@ def _atomic_write(path: str, state: dict) -> None:
 
 
 def _list_checkpoints(ckpt_dir: str):
-    """(step, path) of every checkpoint_<step>.pt in ckpt_dir, oldest first."""
+    """(step, path) of every checkpoint_<step>.pt file in ckpt_dir, oldest first. A
+    folder of that name is no checkpoint, and rotation could not delete it."""
     if not os.path.isdir(ckpt_dir):
         return []
     found = []
-    for name in os.listdir(ckpt_dir):
-        match = _NAME_RE.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(ckpt_dir, name)))
+    for entry in os.scandir(ckpt_dir):
+        match = _NAME_RE.match(entry.name)
+        if match and entry.is_file():
+            found.append((int(match.group(1)), entry.path))
     return sorted(found)
+
+
+# Checkpoint files this process wrote or verified, each with the fingerprint it had
+# then: the checksum of a file rotation keeps is read once, not at every save (a
+# keep of 50 large checkpoints would read them all each time).
+_verified: dict = {}
+
+
+def _fingerprint(path: str) -> tuple:
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns, info.st_ino
+
+
+def _is_good(path: str) -> bool:
+    """Whether checkpoint `path` passes its checksum, read only if it changed since
+    this process last found it good."""
+    fingerprint = _fingerprint(path)
+    if _verified.get(path) == fingerprint:
+        return True
+    try:
+        _verified_payload(path)
+    except CheckpointError:
+        return False
+    _verified[path] = fingerprint
+    return True
 
 
 def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> str:
     """Atomically write `state` as <ckpt_dir>/checkpoint_<name_step:012d>.pt.
 
-    Afterwards only the newest `keep` checkpoints remain (by step number); the file
-    just written is never deleted, even if older-numbered than the others. Returns
-    the path written.
+    Afterwards only the newest `keep` good checkpoints remain (by step number); the
+    file just written is never deleted, even if older-numbered than the others.
+    Returns the path written.
+
+    Damaged checkpoints are deleted whatever their number, and count for nothing.
+    One a resume skipped would otherwise stay: numbered above the resumed run's
+    files, it would hold a slot for good while the good checkpoints beside it
+    rotated out, or, below them, hold one of the `keep` slots meant for good ones.
+    Telling good from damaged takes reading a file for its checksum, which each
+    process does once per file: its own files are known good, and a file verified
+    once is not read again while it is unchanged (see _is_good).
     """
-    _check_state(state)
+    state = _check_state(state)
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep={keep!r} must be an int >= 1 (the number of checkpoints to retain).")
     if not isinstance(name_step, int) or not 0 <= name_step < 10**12:
@@ -118,9 +216,16 @@ def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> st
     path = os.path.join(ckpt_dir, f"checkpoint_{name_step:012d}.pt")
     _atomic_write(path, state)
 
-    older = [p for _, p in _list_checkpoints(ckpt_dir) if p != path]
-    for stale in older[: max(0, len(older) - (keep - 1))]:
-        os.unlink(stale)
+    _verified[path] = _fingerprint(path)
+    kept = 0
+    for _, other in reversed(_list_checkpoints(ckpt_dir)):
+        if other == path:
+            continue
+        if kept < keep - 1 and _is_good(other):
+            kept += 1
+            continue
+        os.unlink(other)
+        _verified.pop(other, None)
     for name in os.listdir(ckpt_dir):
         if name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX):
             os.unlink(os.path.join(ckpt_dir, name))
@@ -133,7 +238,7 @@ def save_best(ckpt_dir: str, state: dict, score: float) -> str:
     Writes unconditionally: the caller decides what counts as a new best (it can
     read the previous score back with load_checkpoint(...)["best_score"]).
     """
-    _check_state(state)
+    state = _check_state(state)
     os.makedirs(ckpt_dir, exist_ok=True)
     path = os.path.join(ckpt_dir, BEST_NAME)
     _atomic_write(path, {**state, "best_score": float(score)})
@@ -141,60 +246,89 @@ def save_best(ckpt_dir: str, state: dict, score: float) -> str:
 
 
 def load_checkpoint(path: str) -> dict:
-    """Verify and load one checkpoint file onto the CPU.
+    """Verify and load one checkpoint file onto the CPU, as tensors and plain data only.
 
     Raises CheckpointError naming the file and the problem when it is missing,
-    truncated, fails its checksum or cannot be unpickled.
+    truncated or fails its checksum, and RefusedCheckpointError when it is intact
+    but is not a dict of tensors and plain data.
     """
+    payload = _verified_payload(path)
+    try:
+        # map_location="cpu" lets a GPU checkpoint open anywhere; load_state_dict
+        # moves tensors to the model's device.
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - intact bytes that are not plain data all mean the same
+        raise RefusedCheckpointError(path, _refusal(err)) from None
+    if not isinstance(state, dict):
+        raise RefusedCheckpointError(path, f"holds a {type(state).__name__}, not the dict a checkpoint is")
+    return state
+
+
+def _verified_payload(path: str) -> bytes:
+    """The payload of checkpoint file `path` once its header, length and checksum
+    check out; CheckpointError naming the problem otherwise."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        raise CheckpointError(f"Checkpoint {path} does not exist.") from None
+        raise CheckpointError(path, "does not exist") from None
     except OSError as err:
-        raise CheckpointError(f"Checkpoint {path} cannot be opened: {err.strerror}.") from None
+        raise CheckpointError(path, f"cannot be opened: {err.strerror}") from None
     with f:
         header = f.read(_HEADER.size)
         if len(header) < _HEADER.size:
             raise CheckpointError(
-                f"Checkpoint {path} is truncated: {len(header)} bytes, shorter than its "
-                f"{_HEADER.size}-byte header."
-            )
+                path, f"is truncated: {len(header)} bytes, shorter than its {_HEADER.size}-byte header")
         magic, length, expected = _HEADER.unpack(header)
         if magic != MAGIC:
-            raise CheckpointError(f"Checkpoint {path} is not a fastrl checkpoint (its first bytes are {magic!r}).")
+            raise CheckpointError(path, f"is not a fastrl checkpoint (its first bytes are {magic!r})")
         payload = f.read(length)
         trailing = f.read(1)
     if len(payload) < length:
         raise CheckpointError(
-            f"Checkpoint {path} is truncated: its header promises {length} payload bytes, "
-            f"the file holds {len(payload)}."
-        )
+            path, f"is truncated: its header promises {length} payload bytes, the file holds {len(payload)}")
     if trailing:
-        raise CheckpointError(f"Checkpoint {path} is corrupt: it has bytes past the {length}-byte payload.")
+        raise CheckpointError(path, f"is corrupt: it has bytes past the {length}-byte payload")
     if hashlib.sha256(payload).digest() != expected:
-        raise CheckpointError(f"Checkpoint {path} is corrupt: its SHA-256 does not match the header.")
-    try:
-        # weights_only=False: these are our own files, verified above, and hold
-        # plain Python numbers next to tensors. map_location="cpu" lets a GPU
-        # checkpoint open anywhere; load_state_dict moves tensors to the model's device.
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means the same thing
-        raise CheckpointError(
-            f"Checkpoint {path} passed its checksum but could not be unpickled ({type(err).__name__}: {err})."
-        ) from err
-    return state
+        raise CheckpointError(path, "is corrupt: its SHA-256 does not match the header")
+    return payload
+
+
+def _refusal(err: Exception) -> str:
+    """Why an intact payload was refused. torch names the first thing its unpickler
+    would not build as "GLOBAL module.name"; that name is worth showing (exec,
+    posix.system), and its absence (a payload that is not a pickle) is said too."""
+    needs = re.search(r"GLOBAL (\S+)", str(err))
+    if needs:
+        return f"holds more than tensors and plain data (it needs {needs.group(1)}), so loading it could run code"
+    return f"is intact but does not load as tensors and plain data ({type(err).__name__})"
 
 
 def load_latest_checkpoint(ckpt_dir: str) -> Tuple[Optional[dict], Optional[str]]:
-    """Load the newest valid checkpoint in ckpt_dir: (state, path), or (None, None).
+    """Load the newest good checkpoint in ckpt_dir: (state, path), or (None, None)
+    when it holds no checkpoint file.
 
-    Files that fail verification are skipped with a warning naming them, falling back
-    to the next older one, so a crash mid-copy or a damaged disk block costs one
-    checkpoint interval rather than the run.
+    Damaged files are skipped for the next older one, each named in a warning, so a
+    crash mid-copy or a damaged disk block costs one checkpoint interval rather than
+    the run (and the next save_checkpoint deletes them). When every file is damaged
+    this raises CheckpointError instead of returning (None, None): starting over
+    would throw away the whole run, which is the user's call. A
+    RefusedCheckpointError is raised, never skipped.
     """
+    damaged = []
     for _, path in reversed(_list_checkpoints(ckpt_dir)):
         try:
-            return load_checkpoint(path), path
+            state = load_checkpoint(path)
+        except RefusedCheckpointError:
+            raise
         except CheckpointError as err:
-            warnings.warn(f"Skipping unusable checkpoint: {err}", RuntimeWarning, stacklevel=2)
+            damaged.append(err)
+            continue
+        for err in damaged:
+            warnings.warn(f"Skipping unusable checkpoint: {err}; using the older {os.path.basename(path)}.",
+                          RuntimeWarning, stacklevel=2)
+        return state, path
+    if damaged:
+        newest, older = damaged[0], len(damaged) - 1
+        rest = f"the {older} older one(s) beside it are damaged too" if older else "there is no older one"
+        raise CheckpointError(newest.path, f"{newest.problem}, and {rest}")
     return None, None

@@ -88,7 +88,7 @@ class Evaluator:
         try:
             return float(load_checkpoint(self.best_path).get("best_score", -math.inf))
         except CheckpointError as err:
-            warnings.warn(f"Replacing unusable best checkpoint at the next evaluation: {err}", RuntimeWarning,
+            warnings.warn(f"Replacing unusable best checkpoint at the next evaluation: {err}.", RuntimeWarning,
                           stacklevel=2)
             return -math.inf
 

@@ -1,11 +1,15 @@
 """Small files that are always whole: config.json, plan.json, summary.json, the
 cached profiles, a bench report. A reader (a resumed run, enjoy, a script polling
-summary.json as a run ends) finds the old file or the new one, never half of one."""
+summary.json as a run ends) finds the old file or the new one, never half of one.
+And whether a path can be written at all, asked before a command starts work
+whose result would go there."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import tempfile
+from typing import Optional
 
 
 def write_json(path: str, data, **dump_options) -> None:
@@ -26,3 +30,47 @@ def write_json(path: str, data, **dump_options) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def cannot_write(path: str, folder: bool = False) -> Optional[str]:
+    """Why `path` cannot be written, or None when it can: a file to create or
+    replace, or with folder=True a folder to create or to write in, missing parent
+    folders included.
+
+    Found out by doing it, since os.access cannot tell: it says yes to root for
+    /proc and /sys, and knows nothing of read-only mounts or over-long names. The
+    missing folders are made and removed again, and a temporary file is made and
+    removed in the folder that will hold `path`, so nothing is left either way."""
+    path = os.path.abspath(path)
+    holder = path if folder else os.path.dirname(path)
+    if not folder and os.path.isdir(path):
+        return f"{path} is a folder"
+    made = []
+    try:
+        missing, probe = [], holder
+        while not os.path.lexists(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for directory in reversed(missing):
+            os.mkdir(directory)
+            made.append(directory)
+        fd, tmp = tempfile.mkstemp(dir=holder, prefix=".fastrl-probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        # "Not a directory" names no path: name the file that stands where a folder must.
+        blocker = next((p for p in _self_and_parents(holder) if os.path.lexists(p) and not os.path.isdir(p)), None)
+        return f"{blocker} is not a folder" if blocker else err.strerror or str(err)
+    finally:
+        for directory in reversed(made):
+            os.rmdir(directory)
+    return None
+
+
+def _self_and_parents(path: str):
+    while True:
+        yield path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent

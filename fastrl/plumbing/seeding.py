@@ -31,7 +31,7 @@ def derive_seed(parent: int, *keys: int) -> int:
     equal inputs give equal seeds, any other input an unrelated one."""
     if any(k < 0 for k in keys):
         raise ValueError(f"derive_seed: keys must not be negative, got {keys}")
-    # A negative --seed is a legal int; fold it into the non-negative range SeedSequence takes.
+    # --seed is checked to lie in [0, 2**31), but a parent may be any int: fold it into SeedSequence's range.
     state = np.random.SeedSequence(parent % 2**64, spawn_key=keys).generate_state(1, np.uint32)
     return int(state[0]) >> (32 - SEED_BITS)
 

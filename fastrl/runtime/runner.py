@@ -22,8 +22,21 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that send 
 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout, resolve_device
-from fastrl.config import Config, ConfigError, check_env_and_options, env_options, save_config, validate
-from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint
+from fastrl.config import (
+    Config,
+    ConfigError,
+    check_env_and_options,
+    env_failure,
+    env_options,
+    save_config,
+    validate,
+)
+from fastrl.learning.checkpoint import (
+    CheckpointError,
+    RefusedCheckpointError,
+    checkpoint_dir,
+    load_latest_checkpoint,
+)
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import learner_main
@@ -125,11 +138,20 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[plann
 def prepare_experiment(cfg: Config, explicit: set):
     """Everything that can refuse the run, done before any process starts, and the
     plan. Returns (cfg with the plan applied, plan, spec, obs_space, action_space,
-    model, checkpoint_state, checkpoint_path)."""
+    model, checkpoint_state, checkpoint_path). Nothing is written before the last
+    check: a refused run leaves the experiment as it found it, and --restart
+    deletes the old checkpoints only once the new run can start."""
     spec = check_env_and_options(cfg)
-    if cfg.restart and os.path.isdir(checkpoint_dir(cfg)):
-        shutil.rmtree(checkpoint_dir(cfg))
-    state, path = (None, None) if cfg.restart else load_latest_checkpoint(checkpoint_dir(cfg))
+    ckpt_dir = checkpoint_dir(cfg)
+    if os.path.lexists(ckpt_dir) and not os.path.isdir(ckpt_dir):
+        raise ConfigError(f"{ckpt_dir} is not a folder, but the experiment keeps its checkpoints there; "
+                          "move it away or choose another --experiment.")
+    try:
+        state, path = (None, None) if cfg.restart else load_latest_checkpoint(ckpt_dir)
+    except RefusedCheckpointError as err:
+        raise ConfigError(f"{err}; fastrl writes no such file, so delete it or pass --restart to start over.") from None
+    except CheckpointError as err:  # every checkpoint is damaged
+        raise ConfigError(f"{err}; pass --restart to start over.") from None
     if state is not None and state.get("env") != cfg.env:
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
@@ -138,7 +160,10 @@ def prepare_experiment(cfg: Config, explicit: set):
     # planner times its steps. With pinned rollout workers it is made on the core the
     # planner times it on, so that its engine's process sits where a worker's would.
     with on_one_core(cfg.pin_workers):
-        env = spec.make(seed=cfg.seed, **env_options(cfg))
+        try:
+            env = spec.make(seed=cfg.seed, **env_options(cfg))
+        except Exception as err:  # noqa: BLE001 - the env's own failure, whatever it is (see env_failure)
+            raise ConfigError(env_failure(cfg.env, err)) from None
     try:
         obs_space, action_space = env.observation_space, env.action_space
         if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
@@ -163,6 +188,8 @@ def prepare_experiment(cfg: Config, explicit: set):
             raise ConfigError(
                 f"The checkpoint {path} does not fit this model ({first}); use the same model options "
                 "as when it was trained, or pass --restart to start over.") from None
+    if cfg.restart and os.path.isdir(ckpt_dir):
+        shutil.rmtree(ckpt_dir)
     return cfg, plan, spec, obs_space, action_space, model, state, path
 
 
