@@ -61,8 +61,15 @@ def imports_of(source: str, module: str, is_package: bool, modules=frozenset()) 
 
 
 def source_files(*folders: str) -> list:
-    return sorted(os.path.join(d, f) for folder in folders for d, _, files in os.walk(os.path.join(REPO, folder))
-                  for f in files if f.endswith(".py"))
+    """The project's .py files under `folders`, leaving out hidden folders: a
+    developer's benchmarks/.venv-sf holds a whole virtualenv of other projects' code,
+    some of it in syntax this Python does not parse."""
+    found = []
+    for folder in folders:
+        for d, dirs, files in os.walk(os.path.join(REPO, folder)):
+            dirs[:] = [name for name in dirs if not name.startswith(".")]
+            found += [os.path.join(d, f) for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def module_graph() -> dict:
