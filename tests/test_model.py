@@ -192,6 +192,17 @@ def test_normalizer_statistics_outputs_and_flat_state():
     assert flat_state_size(unnormalized) == flat_state_size(model) - (6 + 6 + 1)
 
 
+def test_normalizer_folds_in_only_the_kept_samples():
+    kept_model, rows_model = _model("vector", False, normalize_obs=True), _model("vector", False, normalize_obs=True)
+    data = torch.randn(4, 5, 6) * 3 + 2  # [T, B, 6]
+    keep = torch.rand(4, 5) < 0.6
+    kept_model.update_normalizer({"obs": data}, keep=keep)
+    rows_model.update_normalizer({"obs": data[keep]})
+    for a, b in zip(kept_model.encoders[0].norm.buffers(), rows_model.encoders[0].norm.buffers()):
+        torch.testing.assert_close(a, b)
+    assert kept_model.encoders[0].norm.count.item() == keep.sum().item()
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_images_are_normalised_per_pixel(bf16):
     model = _model("image", False, normalize_obs=True)

@@ -193,7 +193,8 @@ class DiscreteEncoder(nn.Module):
 
 
 class ConvEncoder(nn.Module):
-    """uint8 image [C, H, W] -> /255 -> conv 32k8s4, 64k4s2, 128k3s2 -> FC 512 (ELU).
+    """uint8 image [C, H, W] -> /255 (or, with normalize, each pixel's running z-score)
+    -> conv 32k8s4, 64k4s2, 128k3s2 -> FC 512 (ELU).
 
     With bf16=True the convolutions and the FC run under bfloat16 autocast on a
     channels-last input (oneDNN's fast path for bf16 convolutions) and the features
@@ -304,7 +305,7 @@ class EvalOutput(NamedTuple):
     values: torch.Tensor
     core_out: torch.Tensor
     rnn_states: torch.Tensor
-    uniform_kl: Optional[torch.Tensor]  # [T, B] symmetric KL to the uniform policy; None for Box actions
+    uniform_kl: Optional[torch.Tensor]  # [T, B] symmetric KL to the uniform policy, when asked for; else None
 
 
 class ActorCritic(nn.Module):
@@ -474,6 +475,7 @@ class ActorCritic(nn.Module):
         rnn_state0: torch.Tensor,
         episode_start: torch.Tensor,
         actions: torch.Tensor,
+        uniform_kl: bool = False,
     ) -> EvalOutput:
         """Re-run the policy over a trajectory batch for the loss.
 
@@ -482,6 +484,9 @@ class ActorCritic(nn.Module):
         episode_start: [T+1, B], 1 (or True) where an episode begins; the GRU state
             is zeroed before processing that step.
         actions: [T, B, action_dim] taken at the first T steps.
+        uniform_kl: also return each step's symmetric KL to the uniform policy (the
+            `symmetric_kl` exploration term; discrete actions only). Off, the loss
+            that does not use it builds none of it.
         """
         self._check_inputs(obs_seq, rnn_state0)
         if episode_start.dim() != 2:
@@ -525,8 +530,8 @@ class ActorCritic(nn.Module):
         flat_actions = actions.reshape(horizon * batch, -1)
         logp = dist.log_prob(flat_actions).view(horizon, batch)
         entropy = dist.entropy().view(horizon, batch)
-        uniform_kl = None if self.action_spec.is_continuous else dist.symmetric_kl_to_uniform().view(horizon, batch)
-        return EvalOutput(logp, entropy, values, core_flat.view(steps, batch, -1), rnn_states, uniform_kl)
+        kl_t = dist.symmetric_kl_to_uniform().view(horizon, batch) if uniform_kl else None
+        return EvalOutput(logp, entropy, values, core_flat.view(steps, batch, -1), rnn_states, kl_t)
 
     def values_with_state(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> torch.Tensor:
         """Values [N] of extra observations {key: [N, *shape]} given their states [N, H].
@@ -540,30 +545,36 @@ class ActorCritic(nn.Module):
         core_out, _ = self._core_step(self._encode(obs), rnn_state)
         return self._values(obs, core_out)
 
-    def update_normalizer(self, obs: Dict[str, torch.Tensor]) -> None:
-        """Fold a batch {key: [..., *shape]} into the running observation statistics.
+    def update_normalizer(self, obs: Dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None) -> None:
+        """Fold a batch {key: [*lead, *shape]} into the running observation statistics.
+
+        keep: bool [*lead], the samples to fold in (all of them when None).
 
         Vector keys and images are normalised (discrete keys are one-hot encoded and
         are not); a model built without normalize_obs ignores the call, so the learner
         can call it unconditionally. Images contribute at most IMAGE_NORM_ROWS random
-        frames a call: per-pixel statistics of a whole 1,024-frame batch would cost a
-        float64 copy of ~230 MB per learner step, and a few hundred frames a step
-        still see millions of frames an hour.
+        kept frames a call: per-pixel statistics of a whole 1,024-frame batch would
+        cost a float64 copy of ~230 MB per learner step, and a few hundred frames a
+        step still see millions of frames an hour. The frames are picked before
+        anything is copied, so only those few hundred leave the batch.
         """
         encoders = list(zip(self.obs_keys, self.encoders))
         if self.critic_encoders is not None:
             encoders += list(zip(self.obs_keys, self.critic_encoders))
+        kept = None if keep is None else keep.reshape(-1).nonzero().squeeze(1)
         for key, encoder in encoders:
             if getattr(encoder, "norm", None) is None:
                 continue
             if key not in obs:
                 raise ValueError(f"update_normalizer needs observation key '{key}', got {sorted(obs)}.")
-            x = obs[key]
+            rows = obs[key].reshape(-1, *self.layout[key][0])  # a view of a time-major batch
+            index = kept
             if isinstance(encoder, ConvEncoder):
-                x = x.reshape(-1, *x.shape[-3:])
-                if x.shape[0] > IMAGE_NORM_ROWS:
-                    x = x[torch.randperm(x.shape[0], device=x.device)[:IMAGE_NORM_ROWS]]
-            encoder.norm.update(x)
+                available = rows.shape[0] if index is None else index.numel()
+                if available > IMAGE_NORM_ROWS:
+                    pick = torch.randperm(available, device=rows.device)[:IMAGE_NORM_ROWS]
+                    index = pick if index is None else index[pick]
+            encoder.norm.update(rows if index is None else rows.index_select(0, index))
 
 
 def _float_tensors(model: nn.Module) -> List[torch.Tensor]:

@@ -98,8 +98,7 @@ class Learner:
         if cfg.normalize_obs:
             # Only the samples that will be trained on: a dropped sample's observations
             # came from a stale policy's state distribution, like its actions.
-            keep = valid.bool()
-            self.model.update_normalizer({k: v[:-1][keep] for k, v in batch["obs"].items()})
+            self.model.update_normalizer({k: v[:-1] for k, v in batch["obs"].items()}, keep=valid.bool())
         if cfg.lr_schedule == "linear":
             frames = self.ctx.board.total("env_frames", "rollout_") + self.frames_offset
             self._set_lr(cfg.lr * max(0.0, 1.0 - frames / cfg.train_for_env_frames))
@@ -197,7 +196,8 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
     """One APPO gradient step on a time-major minibatch (the learner's, and what the
     profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
     loss or gradient was not finite and the step was skipped."""
-    ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])
+    symmetric_kl = cfg.exploration_loss == "symmetric_kl"
+    ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
     value_mean, value_std = model.value_scale()
     out = appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
@@ -205,7 +205,7 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
         truncated_t=mb["truncated"].float(), v_final_t=final_values(model, mb, ev), entropy_t=ev.entropy,
         valid_t=valid, gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
         value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
-        lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl if cfg.exploration_loss == "symmetric_kl" else None,
+        lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl,
         value_mean=value_mean, value_std=value_std,
         behaviour_v_tm1=mb["behaviour_value"] if cfg.value_clip > 0 else None,
         value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
