@@ -42,7 +42,7 @@ class DriftWatch:
         kl = metrics.get("approx_kl")
         if kl is not None and kl > KL_TOO_LARGE:
             now["kl"] = (f"approximate KL per update is {kl:.3g} (over {KL_TOO_LARGE}): each update moves the policy "
-                         "far from the one that acted; try a lower --lr or --lr_schedule kl_adaptive")
+                         "far from the one that acted; try a lower --lr (or fewer --ppo_epochs)")
         ev = metrics.get("explained_variance")
         if ev is not None and math.isfinite(ev):
             self._ev_negative_for = self._ev_negative_for + 1 if ev < 0 else 0
