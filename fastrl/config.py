@@ -76,6 +76,10 @@ class Config:
     rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
+    clip_anchor: str = _opt("behaviour", "What the PPO clip measures the policy's step from: 'behaviour' (the acting policy that "
+                            "chose each action, however stale) or 'proximal' (the learner's weights when this batch's update "
+                            "began; V-trace's weights then correct the staleness, once: decoupled PPO).",
+                            choices=("behaviour", "proximal"))
     value_coef: float = _opt(0.5, "Weight of the value loss.")
     value_clip: float = _opt(0.0, "PPO value clipping: the value loss also takes the error of the prediction clipped to within "
                              "this distance of the acting policy's value, and keeps the larger (0 = off). In normalised units "

@@ -103,6 +103,10 @@ class Learner:
             frames = self.ctx.board.total("env_frames", "rollout_") + self.frames_offset
             self._set_lr(cfg.lr * max(0.0, 1.0 - frames / cfg.train_for_env_frames))
 
+        if cfg.clip_anchor == "proximal" and (cfg.ppo_epochs > 1 or cfg.num_minibatches > 1):
+            # Later gradient steps see moved weights, so the proximal log-probs are taken
+            # now, for the whole batch; one pass over one minibatch reads its own instead.
+            batch["prox_logp"] = proximal_logp(self.model, batch)
         B = batch["rewards"].shape[1]
         mb = B // cfg.num_minibatches
         for _ in range(cfg.ppo_epochs):
@@ -198,6 +202,9 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
     loss or gradient was not finite and the step was skipped."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
+    prox_logp = None
+    if cfg.clip_anchor == "proximal":
+        prox_logp = mb["prox_logp"] if "prox_logp" in mb else ev.logp.detach()
     value_mean, value_std = model.value_scale()
     out = appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
@@ -208,7 +215,7 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
         lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl,
         value_mean=value_mean, value_std=value_std,
         behaviour_v_tm1=mb["behaviour_value"] if cfg.value_clip > 0 else None,
-        value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
+        value_clip=cfg.value_clip if cfg.value_clip > 0 else None, prox_logp_t=prox_logp,
     )
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
@@ -221,6 +228,12 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
     if model.return_norm is not None:
         model.return_norm.update(out.vs_tm1[valid > 0])
     return out, grad_norm
+
+
+@torch.no_grad()
+def proximal_logp(model, batch: dict) -> torch.Tensor:
+    """[T, B] log-probs of the batch's actions under the model's weights now."""
+    return model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"]).logp
 
 
 @torch.no_grad()
