@@ -120,3 +120,18 @@ def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_
     finally:
         for split in worker.splits:
             split.close()
+
+
+def test_a_restarted_worker_keeps_counting_env_restarts_from_where_its_predecessor_left():
+    dead, ctx = _worker()
+    for split in dead.splits:
+        split.close()
+    ctx.board.row("rollout_0").set("env_restarts", 3.0)  # what the dead worker in this slot had counted
+    worker = RolloutWorker(dead.cfg, 0, ctx)
+    try:
+        assert worker._start_splits()
+        worker._step_envs(0)
+        assert ctx.board.get("rollout_0", "env_restarts") == 3.0
+    finally:
+        for split in worker.splits:
+            split.close()

@@ -52,6 +52,9 @@ class RolloutWorker:
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
         self.t = [0] * cfg.num_splits  # step within it
         self._last_flush = time.time()
+        # The count a predecessor in this slot left on the board: a restarted worker
+        # adds its envs' restarts to it instead of setting the total back to 0.
+        self._env_restarts_before = self.row.get("env_restarts")
 
     # -- trajectory bookkeeping -----------------------------------------------------
     def _take_free_buffer(self) -> int | None:
@@ -101,7 +104,7 @@ class RolloutWorker:
             split.step(self.buf[s], self.t[s])
         self.row.add("env_steps", split.n)
         self.row.add("env_frames", split.n * self.frameskip)
-        self.row.set("env_restarts", sum(sp.restarts for sp in self.splits))
+        self.row.set("env_restarts", self._env_restarts_before + sum(sp.restarts for sp in self.splits))
 
     def _flush_episodes(self, force: bool = False) -> None:
         now = time.time()
