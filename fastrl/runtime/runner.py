@@ -255,6 +255,7 @@ class Runner:
             response_queues=[faster_fifo.Queue(max_size_bytes=100_000) for _ in range(cfg.num_workers)],
             rnn_states=[torch.zeros(cfg.num_splits, cfg.envs_per_split, model.rnn_state_size).share_memory_()
                         for _ in range(cfg.num_workers)] if cfg.inference == "policy_worker" else [],
+            inference_epoch=torch.zeros(1, dtype=torch.int64).share_memory_(),
             held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
             learner_threads=self.adapter.target,
         )
