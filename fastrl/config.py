@@ -142,7 +142,7 @@ class Config:
     checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
     status_every_seconds: float = _opt(5.0, "Seconds between console status lines.")
-    worker_timeout_seconds: float = _opt(60.0, "A rollout worker silent this long is killed and restarted with fresh envs.")
+    worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs).")
 
     # ---------------------------------------------------------------------------------------
     @property

@@ -1,6 +1,7 @@
 """A rollout worker's hand-off of a full trajectory buffer, and what it stores per
 action: the next trajectory must begin with this env's own last row, and every
-action must carry the version and log-prob of the weights that chose it."""
+action must carry the version and log-prob of the weights that chose it. And its
+requests to the policy workers: each answered once, even across their restart."""
 import queue
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from fastrl.config import Config
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
-from fastrl.sampling.inference import LocalPolicy
+from fastrl.sampling.inference import LocalPolicy, RemotePolicy
 from fastrl.sampling.rollout_worker import RolloutWorker
 
 ROLLOUT, ENVS = 4, 2
@@ -120,3 +121,64 @@ def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_
     finally:
         for split in worker.splits:
             split.close()
+
+
+def test_a_restarted_worker_keeps_counting_env_restarts_from_where_its_predecessor_left():
+    dead, ctx = _worker()
+    for split in dead.splits:
+        split.close()
+    ctx.board.row("rollout_0").set("env_restarts", 3.0)  # what the dead worker in this slot had counted
+    worker = RolloutWorker(dead.cfg, 0, ctx)
+    try:
+        assert worker._start_splits()
+        worker._step_envs(0)
+        assert ctx.board.get("rollout_0", "env_restarts") == 3.0
+    finally:
+        for split in worker.splits:
+            split.close()
+
+
+def _remote(rnn_states: torch.Tensor):
+    """Rollout worker 0's RemotePolicy, over list queues, in inference epoch 0."""
+    ctx = SimpleNamespace(request_queue=ListQueue(), response_queues=[ListQueue()], rnn_states=[rnn_states],
+                          buffers=SimpleNamespace(episode_start=torch.zeros(4, ROLLOUT + 1, ENVS, dtype=torch.bool)),
+                          inference_epoch=torch.zeros(1, dtype=torch.int64))
+    return RemotePolicy(ctx, 0), ctx
+
+
+def test_after_a_policy_worker_restart_exactly_the_unanswered_requests_are_sent_again():
+    rnn = torch.tensor([1.0, 2.0])[:, None, None].repeat(1, ENVS, 3)  # [splits, envs, H]
+    policy, ctx = _remote(rnn)
+    policy.request(0, 2, 1)
+    policy.request(1, 3, 2)
+    # A policy worker takes both, answers split 0, writes split 1's GRU state and dies.
+    assert ctx.request_queue.get_many() == [(0, 0, 2, 1, 0), (0, 1, 3, 2, 0)]
+    rnn[0], rnn[1] = 10.0, 20.0
+    ctx.response_queues[0].put((0, 2, 1))
+    ctx.response_queues[0].put((1, 0, 0))  # meant for a worker that died in this slot earlier
+    assert policy.answered(0.0) == [0]
+    assert policy.answered(0.0) == [] and ctx.request_queue.items == []  # no restart yet: nothing re-sent
+
+    ctx.response_queues[0].put((1, 0, 0))
+    ctx.inference_epoch[0] = 1  # the supervisor restarted the policy workers
+    assert policy.answered(0.0) == []
+    assert ctx.request_queue.items == [(0, 1, 3, 2, 1)]
+    assert torch.all(rnn[1] == 2.0)  # the GRU state as first sent, not the dead worker's half-written one
+    assert torch.all(rnn[0] == 10.0)
+    ctx.request_queue.get_many()
+    ctx.response_queues[0].put((1, 3, 2))
+    assert policy.answered(0.0) == [1]
+    assert policy.answered(0.0) == [] and ctx.request_queue.items == []
+
+
+def test_answers_the_old_policy_workers_sent_are_used_not_asked_for_again():
+    policy, ctx = _remote(torch.zeros(2, ENVS, 0))
+    policy.request(0, 0, 0)
+    policy.request(1, 1, 0)
+    ctx.request_queue.get_many()
+    ctx.response_queues[0].put((0, 0, 0))  # answered just before its worker died
+    ctx.inference_epoch[0] = 1
+    assert policy.answered(0.0) == [0]
+    assert ctx.request_queue.items == [(0, 1, 1, 0, 1)]
+    policy.request(0, 0, 1)  # the next step, sent in the new epoch
+    assert ctx.request_queue.items[-1] == (0, 0, 0, 1, 1)

@@ -34,8 +34,11 @@ class SharedContext:
     traj_queue: faster_fifo.Queue  # indices of full trajectories: rollout workers -> learner or sink
     episode_queue: faster_fifo.Queue  # lists of (return, length, true objective): rollout workers -> runner
     metrics_queue: faster_fifo.Queue  # dicts of loss statistics: learner -> runner
-    request_queue: faster_fifo.Queue  # (worker, split, buffer, t) wanting actions: rollout -> policy workers
+    request_queue: faster_fifo.Queue  # (worker, split, buffer, t, epoch) wanting actions: rollout -> policy workers
     response_queues: List[faster_fifo.Queue]  # one per rollout worker: (split, buffer, t) whose actions are written
     rnn_states: List[torch.Tensor]  # one [splits, envs, H] per rollout worker; empty with local inference
+    # [1] int64: how many times the policy workers were restarted. A request carries
+    # the epoch it was sent in; one from an earlier epoch is stale (sampling/inference.py).
+    inference_epoch: torch.Tensor
     held_buffers: HeldBuffers
     learner_threads: torch.Tensor  # [1]: the learner's torch threads, which the runner's adapter may move

@@ -228,6 +228,7 @@ class Runner:
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}  # worker index -> its current process
+        self.policy_processes: dict = {}  # policy worker index -> its current process
         self.training_since: Optional[float] = None  # when the first sample was trained
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
         self._last_report = 0.0
@@ -255,6 +256,7 @@ class Runner:
             response_queues=[faster_fifo.Queue(max_size_bytes=100_000) for _ in range(cfg.num_workers)],
             rnn_states=[torch.zeros(cfg.num_splits, cfg.envs_per_split, model.rnn_state_size).share_memory_()
                         for _ in range(cfg.num_workers)] if cfg.inference == "policy_worker" else [],
+            inference_epoch=torch.zeros(1, dtype=torch.int64).share_memory_(),
             held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
             learner_threads=self.adapter.target,
         )
@@ -280,7 +282,7 @@ class Runner:
         else:
             self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
-            self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
+            self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
         for i in range(cfg.num_workers):
             self.rollout_processes[i] = self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
         if cfg.eval_every_frames > 0 and self.learn:
@@ -290,6 +292,13 @@ class Runner:
         self.processes.remove(dead)
         self.rollout_processes[index] = self._spawn(f"rollout-worker {index}", rollout_worker_main,
                                                     self.cfg, index, self.ctx)
+
+    def replace_policy_workers(self) -> None:
+        """Start a new policy worker in each slot; the old ones must be dead."""
+        for i, dead in self.policy_processes.items():
+            self.processes.remove(dead)
+            self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, self.cfg, i, self.ctx,
+                                                   self.device)
 
     def stop_children(self) -> list:
         """Ask everyone to stop, wait, then escalate. Returns names that had to be killed."""
@@ -349,7 +358,7 @@ class Runner:
 
     def _check_children(self) -> Optional[str]:
         """A failure sentence (with the traceback when there is one), or None.
-        Rollout workers killed by a signal or hung are restarted instead."""
+        Rollout and policy workers killed by a signal or hung are restarted instead."""
         try:
             name, tb = self.error_queue.get(block=False)
             return f"{name} failed:\n{tb}"
@@ -359,6 +368,9 @@ class Runner:
             failure = self.supervisor.check(p, index)
             if failure:
                 return failure
+        failure = self.supervisor.check_policy_workers()
+        if failure:
+            return failure
         for p in self.processes:
             if not p.is_alive():
                 time.sleep(0.2)  # its traceback may still be on its way

@@ -1,8 +1,17 @@
-"""Rollout-worker supervision: a worker killed by a signal, or silent past its
-heartbeat timeout, is replaced by a fresh one with fresh envs, and the buffers
-it held go back to the free pool (their half-written trajectories are counted
-as discarded). A worker that raised is not restarted: its traceback is a bug or
-a broken env the user must see, and the run stops with it.
+"""Worker supervision: a worker killed by a signal, or silent past its heartbeat
+timeout, is replaced by a fresh one; one that raised is not restarted, as its
+traceback is a bug or a broken env the user must see, and the run stops with it.
+
+A rollout worker comes back with fresh envs, and the buffers it held go back to
+the free pool (their half-written trajectories are counted as discarded). A policy
+worker holds nothing that shared memory does not, but the requests it had taken
+are lost with it: the policy workers restart together, and the rollout workers
+then re-send what was not answered (sampling/inference.RemotePolicy says why).
+
+What no restart repairs: a worker killed while it holds a queue's lock (a few
+microseconds of each queue call; faster-fifo's mutex is not robust) leaves that
+queue locked, and whoever uses it next blocks for good. Those then go silent and
+are restarted until the restart limit stops the run with their name.
 """
 from __future__ import annotations
 
@@ -13,37 +22,52 @@ MAX_RESTARTS_IN_WINDOW = 5
 # In policy-worker mode a late batch could still write actions into a dead
 # worker's buffers; waiting this long before recycling them lets it land.
 RECYCLE_DELAY_S = 1.0
+STOP_TIMEOUT_S = 5.0  # for a healthy policy worker to leave on SIGTERM before it is killed
 
 
 class WorkerSupervisor:
     def __init__(self, runner, heartbeat_timeout_s: float):
         self.runner = runner
         self.timeout = heartbeat_timeout_s
-        self.restarts: dict = {}  # worker index -> restart times
+        self.restarts: dict = {}  # worker name -> restart times
         self.total_restarts = 0
+
+    def _cause(self, process, row: str) -> str | None:
+        """Why `process` must be replaced: it was killed by a signal, or it hung (and
+        is killed here). None while it is well, or when it exited on its own, which
+        the runner's failure check reports."""
+        beat = self.runner.ctx.board.get(row, "heartbeat")
+        if process.is_alive():
+            if beat <= 0 or time.time() - beat <= self.timeout:
+                return None
+            process.kill()
+            process.join(5.0)
+            return f"sent no heartbeat for {self.timeout:g} s and was killed"
+        if process.exitcode is not None and process.exitcode < 0:
+            return f"was killed by signal {-process.exitcode}"
+        return None
+
+    def _too_many(self, name: str, cause: str) -> str | None:
+        """Count a restart of `name`; a failure sentence when it dies too often to go on."""
+        now = time.time()
+        recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S] + [now]
+        self.restarts[name] = recent
+        if len(recent) > MAX_RESTARTS_IN_WINDOW:
+            return (f"{name} {cause}, its {len(recent)}th death in {RESTART_WINDOW_S:g} s; "
+                    "stopping instead of restarting it again")
+        self.total_restarts += 1
+        return None
 
     def check(self, process, index: int) -> str | None:
         """Restart rollout worker `index` if it died by a signal or hung.
         Returns a failure sentence when it should stop the run instead."""
-        ctx = self.runner.ctx
-        beat = ctx.board.get(f"rollout_{index}", "heartbeat")
-        hung = process.is_alive() and beat > 0 and time.time() - beat > self.timeout
-        if process.is_alive() and not hung:
+        cause = self._cause(process, f"rollout_{index}")
+        if cause is None:
             return None
-        if hung:
-            process.kill()
-            process.join(5.0)
-            cause = f"sent no heartbeat for {self.timeout:g} s and was killed"
-        elif process.exitcode is not None and process.exitcode < 0:
-            cause = f"was killed by signal {-process.exitcode}"
-        else:
-            return None  # exited on its own: the runner's failure check reports it
-        now = time.time()
-        recent = [t for t in self.restarts.get(index, []) if now - t < RESTART_WINDOW_S] + [now]
-        self.restarts[index] = recent
-        if len(recent) > MAX_RESTARTS_IN_WINDOW:
-            return (f"rollout-worker {index} {cause}, its {len(recent)}th death in {RESTART_WINDOW_S:g} s; "
-                    "stopping instead of restarting it again")
+        failure = self._too_many(f"rollout-worker {index}", cause)
+        if failure:
+            return failure
+        ctx = self.runner.ctx
         time.sleep(RECYCLE_DELAY_S if self.runner.cfg.inference == "policy_worker" else 0.0)
         held = ctx.held_buffers.release(index)
         if held:
@@ -52,10 +76,49 @@ class WorkerSupervisor:
         ctx.board.row(f"rollout_{index}").set("heartbeat", 0.0)
         _drain(ctx.response_queues[index] if ctx.response_queues else None)
         self.runner.replace_rollout_worker(process, index)
-        self.total_restarts += 1
         print(f"fastrl: rollout-worker {index} {cause}; restarted it with fresh envs "
               f"({len(held)} partial trajectories discarded).", flush=True)
         return None
+
+    def check_policy_workers(self) -> str | None:
+        """Restart the policy workers if one died by a signal or hung.
+        Returns a failure sentence when it should stop the run instead."""
+        processes = self.runner.policy_processes
+        for index, process in processes.items():
+            cause = self._cause(process, f"policy_{index}")
+            if cause is not None:
+                break
+        else:
+            return None
+        failure = self._too_many(f"policy-worker {index}", cause)
+        if failure:
+            return failure
+        # All of them, the healthy too: the epoch may move only once no old worker
+        # can write an answer any more (inference.RemotePolicy).
+        _end(processes.values())
+        ctx = self.runner.ctx
+        ctx.inference_epoch += 1
+        for i in processes:
+            ctx.board.row(f"policy_{i}").set("heartbeat", 0.0)
+        self.runner.replace_policy_workers()
+        which = f"all {len(processes)} policy workers" if len(processes) > 1 else "it"
+        print(f"fastrl: policy-worker {index} {cause}; restarted {which}, and the rollout workers "
+              "re-send the requests left unanswered.", flush=True)
+        return None
+
+
+def _end(processes) -> None:
+    """SIGTERM those alive (they unwind between two Python steps, never inside a
+    queue's lock), then wait for every one, killing any that outstays STOP_TIMEOUT_S."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.time() + STOP_TIMEOUT_S
+    for p in processes:
+        p.join(max(0.0, deadline - time.time()))
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)
 
 
 def _drain(q) -> None:

@@ -1,13 +1,18 @@
 """Acting with the newest published policy: a model copy that reloads only
 when the learner's version moved, and writes its outputs into the trajectory
 buffers. Used by policy workers (batched over many workers' splits) and by
-rollout workers with `--inference local` (on their own envs)."""
+rollout workers with `--inference local` (on their own envs). With
+`--inference policy_worker`, a rollout worker asks for actions through
+RemotePolicy."""
 from __future__ import annotations
+
+import queue
 
 import torch
 
 from fastrl.algo.model import build_model, load_flat_state
 from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.stats_board import BoardRow
 
 
@@ -51,3 +56,76 @@ class LocalPolicy(PolicyCopy):
         b.behaviour_value[buf, t] = out.values
         b.policy_version[buf, t] = self.version
         return out.rnn_state
+
+
+class RemotePolicy:
+    """A rollout worker's side of the policy workers: it sends (worker, split,
+    buffer, t, epoch) requests and takes the answers, and it re-sends what a
+    restart of the policy workers lost.
+
+    A policy worker that dies takes the requests it had taken off the queue with
+    it, and may have written part of their outputs. The supervisor restarts the
+    policy workers together, and only once every old one is dead does it move
+    the epoch on (runtime/supervision.py); the new ones drop requests of an older
+    epoch. So, on seeing the epoch move, this worker first takes every answer the
+    old ones sent, all complete, then re-sends each request still unanswered,
+    with the GRU state it first sent, which a half-finished answer may have
+    overwritten. Each request is then answered exactly once, with no timeout to
+    tune: re-sending after a timeout instead would answer twice any request a
+    live but slow policy worker still holds, and a late second answer writes
+    over actions and a GRU state the worker has already moved past. The price is
+    that a healthy policy worker is restarted beside a dead one (seconds, on a
+    failure), and one copy of the GRU state per split.
+    """
+
+    def __init__(self, ctx: SharedContext, index: int):
+        self.ctx, self.index = ctx, index
+        self.responses = ctx.response_queues[index]
+        self.rnn = ctx.rnn_states[index]  # [splits, n, H], read and written by the policy workers
+        self.rnn_sent = self.rnn.clone()  # each split's GRU state as its last request sent it
+        self._epoch_now = ctx.inference_epoch.numpy()  # a numpy view: read every poll
+        self.epoch = int(self._epoch_now[0])
+        self.pending: dict = {}  # split -> (buffer, t, epoch) of its unanswered request
+
+    def request(self, s: int, buf: int, t: int) -> None:
+        self.rnn[s] *= ~self.ctx.buffers.episode_start[buf, t, :, None]  # new episodes start from zero
+        self.rnn_sent[s] = self.rnn[s]
+        self._send(s, buf, t)
+
+    def _send(self, s: int, buf: int, t: int) -> None:
+        self.pending[s] = (buf, t, self.epoch)
+        self.ctx.request_queue.put((self.index, s, buf, t, self.epoch), block=True, timeout=10.0)
+
+    def answered(self, timeout: float) -> list:
+        """The splits whose actions are written, waiting up to `timeout` for the first."""
+        if self._epoch_now[0] != self.epoch:
+            return self._after_restart()
+        try:
+            return self._match(get_many_polling(self.responses, timeout))
+        except queue.Empty:
+            return []
+
+    def _match(self, responses: list) -> list:
+        """The splits these responses answer; one for a request this worker did not
+        send was meant for a worker that died in this slot before it started."""
+        splits = []
+        for s, buf, t in responses:
+            if s in self.pending and self.pending[s][:2] == (buf, t):
+                del self.pending[s]
+                splits.append(s)
+        return splits
+
+    def _after_restart(self) -> list:
+        """Take the old policy workers' last answers, then re-send what they lost."""
+        self.epoch = int(self._epoch_now[0])
+        answered = []
+        while True:  # the old policy workers are all dead: every answer they sent is queued by now
+            try:
+                answered += self._match(self.responses.get_many(block=False))
+            except queue.Empty:
+                break
+        for s, (buf, t, epoch) in list(self.pending.items()):
+            if epoch != self.epoch:
+                self.rnn[s] = self.rnn_sent[s]
+                self._send(s, buf, t)
+        return answered

@@ -23,6 +23,9 @@ def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None
     b = ctx.buffers
     n = cfg.envs_per_split
     wait_s = cfg.inference_batch_wait_ms / 1000.0
+    # The supervisor started this worker after every older one died; a request sent
+    # before that is stale, and its sender re-sends it (inference.RemotePolicy).
+    epoch = int(ctx.inference_epoch[0])
     while not ctx.stop.is_set():
         row.beat()
         with timer("wait_s"):
@@ -38,6 +41,9 @@ def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None
                     requests += ctx.request_queue.get_many(block=False)
                 except queue.Empty:
                     pass
+            requests = [r[:4] for r in requests if r[4] == epoch]
+            if not requests:
+                continue
         with timer("comm_s"):
             obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}
             rnn = torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests])

@@ -17,7 +17,7 @@ from fastrl.plumbing.proc import pin_to_core, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed
 from fastrl.plumbing.stats_board import Timer
 from fastrl.sampling.env_split import SplitEnvs
-from fastrl.sampling.inference import LocalPolicy
+from fastrl.sampling.inference import LocalPolicy, RemotePolicy
 
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/plumbing/polling.py)
 EPISODE_FLUSH_S = 0.5
@@ -52,6 +52,9 @@ class RolloutWorker:
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
         self.t = [0] * cfg.num_splits  # step within it
         self._last_flush = time.time()
+        # The count a predecessor in this slot left on the board: a restarted worker
+        # adds its envs' restarts to it instead of setting the total back to 0.
+        self._env_restarts_before = self.row.get("env_restarts")
 
     # -- trajectory bookkeeping -----------------------------------------------------
     def _take_free_buffer(self) -> int | None:
@@ -101,7 +104,7 @@ class RolloutWorker:
             split.step(self.buf[s], self.t[s])
         self.row.add("env_steps", split.n)
         self.row.add("env_frames", split.n * self.frameskip)
-        self.row.set("env_restarts", sum(sp.restarts for sp in self.splits))
+        self.row.set("env_restarts", self._env_restarts_before + sum(sp.restarts for sp in self.splits))
 
     def _flush_episodes(self, force: bool = False) -> None:
         now = time.time()
@@ -157,32 +160,22 @@ class RolloutWorker:
             self._flush_episodes()
 
     def _run_with_policy_workers(self) -> None:
-        ctx, w = self.ctx, self.index
-        responses = ctx.response_queues[w]
-        rnn_states = ctx.rnn_states[w]  # [splits, n, H], read and written by the policy workers
-
-        def request(s: int) -> None:
-            buf, t = self.buf[s], self.t[s]
-            rnn_states[s] *= ~ctx.buffers.episode_start[buf, t, :, None]  # new episodes start from zero
-            with self.timer("comm_s"):
-                ctx.request_queue.put((w, s, buf, t), block=True, timeout=10.0)
-
+        policy = RemotePolicy(self.ctx, self.index)
         for s in range(len(self.splits)):
-            request(s)
-        while not ctx.stop.is_set():
+            with self.timer("comm_s"):
+                policy.request(s, self.buf[s], self.t[s])
+        while not self.ctx.stop.is_set():
             with self.timer("wait_s"):
-                try:
-                    ready = get_many_polling(responses, QUEUE_TIMEOUT_S)
-                except queue.Empty:
-                    self.row.beat()
-                    continue
-            for s, buf, t in ready:
-                if (buf, t) != (self.buf[s], self.t[s]):
-                    continue  # meant for a worker that died in this slot before this one started
+                ready = policy.answered(QUEUE_TIMEOUT_S)
+            if not ready:
+                self.row.beat()
+                continue
+            for s in ready:
                 self._step_envs(s)
-                if not self._advance(s, rnn_states[s]):
+                if not self._advance(s, policy.rnn[s]):
                     return
-                request(s)
+                with self.timer("comm_s"):
+                    policy.request(s, self.buf[s], self.t[s])
             self._flush_episodes()
 
 
