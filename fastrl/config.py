@@ -72,7 +72,8 @@ class Config:
     lr: float = _opt(1e-3, "Adam learning rate.")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
     gamma: float = _opt(0.99, "Discount factor.")
-    reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); keeps value targets near 1.")
+    reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); "
+                               "with --normalize_returns false it is what keeps the value targets near 1.")
     rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
@@ -90,8 +91,10 @@ class Config:
     max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest.")
     vtrace_lambda: float = _opt(1.0, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
                                 "as GAE's lambda does (on-policy, V-trace with lambda is GAE(lambda)); 1 = the paper's V-trace.")
-    normalize_returns: bool = _opt(False, "Keep running statistics of the value targets and train the value head on their "
-                                   "z-scores, so the value loss's scale does not depend on the env's reward scale.")
+    normalize_returns: bool = _opt(True, "Keep running statistics of the value targets and train the value head on their "
+                                   "z-scores, so the value loss's scale does not depend on the env's reward scale. On by default: "
+                                   "a GRU core shared by the policy and the value saturates when asked for raw returns far from 1, "
+                                   "and then stops carrying what the frame shows (tests/test_learns_to_see.py).")
     exploration_loss: str = _opt("entropy", "Exploration term weighted by --entropy_coef: 'entropy' (a bonus whose pull fades as the "
                                  "policy turns deterministic) or 'symmetric_kl' (a penalty on KL(p||uniform) + KL(uniform||p), "
                                  "which keeps pulling; discrete actions only).", choices=("entropy", "symmetric_kl"))
