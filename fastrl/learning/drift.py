@@ -48,7 +48,8 @@ class DriftWatch:
             self._ev_negative_for = self._ev_negative_for + 1 if ev < 0 else 0
             if self._ev_negative_for >= EV_NEGATIVE_REPORTS:
                 now["ev"] = (f"the value function's explained variance has been negative for {self._ev_negative_for} "
-                             "reports: its advantages are noise; check the rewards' scale (--reward_scale, --normalize_returns) and --gamma")
+                             "reports: its advantages are noise; check the rewards' scale "
+                             "(--reward_scale, --normalize_returns) and --gamma")
         started = [text for key, text in now.items() if key not in self._active]
         self._active = set(now)
         return started
