@@ -99,8 +99,9 @@ class Config:
                                  "policy turns deterministic) or 'symmetric_kl' (a penalty on KL(p||uniform) + KL(uniform||p), "
                                  "which keeps pulling; discrete actions only).", choices=("entropy", "symmetric_kl"))
     lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant'; 'linear' decays --lr to 0 at "
-                            "--train_for_env_frames (needs that budget); 'kl_adaptive' divides it by 1.5 after an update "
-                            "whose approximate KL exceeded 2 x --lr_kl_target and multiplies it by 1.5 below half of it.",
+                            "--train_for_env_frames (needs that budget); 'kl_adaptive' divides it by 1.5 after a gradient "
+                            "step whose KL from the clip's anchor (--clip_anchor) exceeded 2 x --lr_kl_target and "
+                            "multiplies it by 1.5 below half of it.",
                             choices=("constant", "linear", "kl_adaptive"))
     lr_kl_target: float = _opt(0.008, "KL per update that --lr_schedule kl_adaptive steers towards.")
 
@@ -215,6 +216,9 @@ def validate(cfg: Config) -> None:
     if cfg.lr_schedule == "linear" and not cfg.train_for_env_frames:
         raise ConfigError("--lr_schedule linear decays the learning rate to 0 at --train_for_env_frames; "
                           "set that budget or choose --lr_schedule constant or kl_adaptive.")
+    if cfg.lr_schedule == "kl_adaptive" and cfg.clip_anchor == "proximal" and cfg.ppo_epochs * cfg.num_minibatches == 1:
+        raise ConfigError("--lr_schedule kl_adaptive with --clip_anchor proximal measures each step's KL from the update's "
+                          "first weights, which one step per batch never leaves; raise --ppo_epochs or --num_minibatches.")
     if cfg.lr_kl_target <= 0:
         raise ConfigError(f"--lr_kl_target is {cfg.lr_kl_target} but must be positive.")
     try:

@@ -130,7 +130,8 @@ class Learner:
             return
         self._nonfinite_in_a_row = 0
         if self.cfg.lr_schedule == "kl_adaptive":
-            self._adapt_lr(float(out.approx_kl))
+            # The KL of the step itself (from the clip's anchor); from the acting policy it would add staleness.
+            self._adapt_lr(float(out.step_kl))
         self._note_metrics(out, grad_norm)
 
     def _set_lr(self, lr: float) -> None:
