@@ -35,8 +35,12 @@ ENV_PRESETS = {
     # basic's rewards are +101 for the kill and -5 a missed shot: scaled to ~1. The
     # task is reactive (no memory needed) and short, so many small updates win:
     # measured on 2 cores, mean return -180 -> +20 in 80 s with these, still about
-    # -150 after 90 s with the family's batch 1024, lr 1e-4 and GRU.
-    "doom_basic": {"reward_scale": 0.01, "use_rnn": False, "lr": 1e-3, "batch_size": 256},
+    # -150 after 90 s with the family's batch 1024, lr 1e-4 and GRU. With the rewards
+    # already scaled to ~1 and no GRU to saturate, z-scored returns only slowed it:
+    # a mean of 60 at 0.8M frames instead of 0.2M, and 55-66 after where raw returns
+    # held 73-76 (AMD EPYC, 2 cores, seed 0, one 300-s run each).
+    "doom_basic": {"reward_scale": 0.01, "use_rnn": False, "lr": 1e-3, "batch_size": 256,
+                   "normalize_returns": False},
 }
 
 
