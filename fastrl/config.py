@@ -393,3 +393,17 @@ def _explicit_options(argv: list, parser: argparse.ArgumentParser) -> set:
 
 def save_config(cfg: Config, path: str) -> None:
     write_json(path, cfg.to_dict(), indent=2, sort_keys=True)
+
+
+# Options whose default has changed, with the value every version before the change
+# used. A config saved before it lacks the option, and means that value: read with
+# today's default, an older experiment would build a model its checkpoints do not fit.
+EARLIER_DEFAULTS = {"normalize_returns": False}
+
+
+def config_from_saved(saved: dict) -> Config:
+    """The Config a saved config (config.json, a checkpoint's "config") was trained
+    with. Options this version no longer knows are dropped: they cannot change the
+    model it builds, and refusing an older experiment over them helps no one."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{**EARLIER_DEFAULTS, **{k: v for k, v in saved.items() if k in known}})

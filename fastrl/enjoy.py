@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from fastrl.algo.model import build_model, obs_to_tensors
-from fastrl.config import Config, OneLineParser, env_failure, env_options
+from fastrl.config import Config, OneLineParser, config_from_saved, env_failure, env_options
 from fastrl.learning.checkpoint import (
     BEST_NAME,
     CheckpointError,
@@ -75,10 +75,7 @@ def load_experiment_config(experiment_dir: str) -> Config:
     if not isinstance(saved, dict):
         raise EnjoyError(f"{path} holds a JSON {type(saved).__name__}, not the options fastrl writes; "
                          "restore it, or train the experiment again.")
-    # Options this version no longer knows are dropped: they cannot change the model
-    # this version builds, and refusing an older experiment over them helps no one.
-    known = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in saved.items() if k in known})
+    return config_from_saved(saved)
 
 
 def select_checkpoint(cfg: Config, which: str) -> tuple:

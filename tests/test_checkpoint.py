@@ -1,6 +1,5 @@
 """Checkpoint atomicity, verification, fallback and pruning, and files that could run code."""
 
-import dataclasses
 import datetime
 import hashlib
 import io
@@ -16,7 +15,7 @@ import torch
 from helpers import MarkerPayload, forge_checkpoint
 
 from fastrl.algo.model import build_model
-from fastrl.config import Config
+from fastrl.config import config_from_saved
 from fastrl.learning import checkpoint as ckpt
 from fastrl.learning.checkpoint import (
     CheckpointError,
@@ -255,8 +254,7 @@ def test_checkpoints_of_earlier_versions_load(tmp_path, commit, name):
     shutil.copy(os.path.join(DATA, commit, name), path)
     state = load_checkpoint(path)
     assert state["env"] == "CartPole-v1"
-    fields = {f.name for f in dataclasses.fields(Config)}
-    cfg = Config(**{k: v for k, v in state["config"].items() if k in fields})
+    cfg = config_from_saved(state["config"])
     env = gym.make("CartPole-v1")
     model = build_model(cfg, env.observation_space, env.action_space)
     model.load_state_dict(state["model"])

@@ -1,9 +1,11 @@
 """The trainer as a user runs it: `python -m fastrl.train`, real envs, real processes."""
+import json
 import os
+import shutil
 import signal
 
 import pytest
-from helpers import TrainRun, read_summary
+from helpers import REPO, TrainRun, read_summary
 
 from fastrl.learning.checkpoint import load_latest_checkpoint
 
@@ -127,3 +129,16 @@ def test_status_lines_show_progress_toward_the_budget(tmp_path):
     progress = [line for line in run.lines if line.startswith("[") and "% ETA " in line]
     assert progress, run.output()
     assert "[##########] 100% ETA 0m00s" in progress[-1]
+
+
+def test_an_experiment_from_before_return_normalisation_was_the_default_resumes(tmp_path):
+    # A checkpoint written by a8bffe5 (tests/data/README.md), whose config has no
+    # normalize_returns: it was trained without, so the resumed run must be too.
+    ckpts = tmp_path / "older" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "tests", "data", "a8bffe5", "checkpoint_000000000027.pt"), ckpts)
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--experiment", "older", "--plan", "off",
+                    "--hidden_sizes", "8", "--normalize_obs", "true", "--train_for_seconds", "6"])
+    assert run.wait(timeout=90) == 0, run.output()
+    with open(tmp_path / "older" / "config.json") as fh:
+        assert json.load(fh)["normalize_returns"] is False

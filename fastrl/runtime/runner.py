@@ -23,6 +23,7 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that send 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout, resolve_device
 from fastrl.config import (
+    EARLIER_DEFAULTS,
     Config,
     ConfigError,
     check_env_and_options,
@@ -156,6 +157,10 @@ def prepare_experiment(cfg: Config, explicit: set):
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
             "pass --restart to start over or choose another --experiment.")
+    if state is not None:
+        # A checkpoint from before a default changed was trained with the old value.
+        older = {k: v for k, v in EARLIER_DEFAULTS.items() if k not in state.get("config", {}) and k not in explicit}
+        cfg = dataclasses.replace(cfg, **older)
     # One env opened here: its spaces shape the buffers and the model, and the
     # planner times its steps. With pinned rollout workers it is made on the core the
     # planner times it on, so that its engine's process sits where a worker's would.
