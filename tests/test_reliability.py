@@ -119,7 +119,8 @@ def checkpoints(ckpt_dir) -> list:
 
 
 def norm_counts(state: dict) -> list:
-    return [float(v) for k, v in state["model"].items() if "norm" in k and k.endswith("count")]
+    """Sample counts of the observation normalisers (the encoders', not the returns')."""
+    return [float(v) for k, v in state["model"].items() if "encoders" in k and "norm" in k and k.endswith("count")]
 
 
 # -- process faults ---------------------------------------------------------------------
