@@ -228,6 +228,9 @@ class Runner:
         self.objectives100 = collections.deque(maxlen=100)
         self.episodes = 0
         self.reached_reward_at: Optional[float] = None
+        # The mean that crossed --stop_at_reward: episodes that end while the run
+        # winds down still move the mean the summary reports at exit.
+        self.reached_reward_mean: Optional[float] = None
         self.metrics: dict = {}
         self.drift = DriftWatch()
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
@@ -343,6 +346,7 @@ class Runner:
         if (self.reached_reward_at is None and self.cfg.stop_at_reward is not None
                 and len(self.returns100) == self.returns100.maxlen and self.mean_return() >= self.cfg.stop_at_reward):
             self.reached_reward_at = time.time() - start
+            self.reached_reward_mean = self.mean_return()
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
                 self.metrics.update(m)
@@ -528,6 +532,7 @@ class Runner:
             "mean_objective_100": sum(self.objectives100) / len(self.objectives100) if self.objectives100 else None,
             "episodes": self.episodes,
             "reached_reward_at_seconds": self.reached_reward_at,
+            "reached_reward_mean_100": self.reached_reward_mean,
             "samples_trained": self.ctx.board.get("learner", "samples_trained"),
             "samples_dropped": self.ctx.board.get("learner", "samples_dropped"),
             "learner_steps": self.ctx.board.get("learner", "learner_steps"),
