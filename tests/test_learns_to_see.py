@@ -4,8 +4,8 @@ The Doom and Atari models read the policy and the value from one GRU core. A GRU
 output is bounded (tanh), so a value head asked for returns far from 1 pushes the
 core's units to saturate and the core stops carrying what the frame shows: on
 react_env (a task that needs nothing but sight, chance 16 of 32) such a model
-stayed at chance for 180k frames with the raw returns (about 15 per episode),
-at lr 1e-4 and at 1e-3. With the value head learning z-scored returns
+stayed at chance through 135k-286k frames with the raw returns (about 15 per
+episode), at lr 1e-4 and at 1e-3. With the value head learning z-scored returns
 (--normalize_returns, the default) it sees within ~130k frames.
 """
 from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary
