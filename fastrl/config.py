@@ -108,6 +108,11 @@ class Config:
     # --- model --------------------------------------------------------------------------
     hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
     activation: str = _opt("tanh", "MLP activation.", choices=("tanh", "relu", "elu"))
+    encoder_init_gain: float = _opt(math.sqrt(2.0), "Orthogonal-init gain of the encoders' conv and linear layers "
+                                    "(Sample Factory uses 1).")
+    policy_init_gain: float = _opt(0.01, "Orthogonal-init gain of the policy head: small starts the policy near uniform "
+                                   "(Sample Factory uses 1; on doom_defend_the_center, 1 for both gains with Sample "
+                                   "Factory's loss settings got past the turn-and-fire plateau: benchmarks/README.md).")
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation of vector observations inside the model.")
@@ -200,7 +205,7 @@ def validate(cfg: Config) -> None:
                  "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size", "eval_episodes"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be a positive whole number.")
-    for name in ("lr", "status_every_seconds", "checkpoint_every_seconds"):
+    for name in ("lr", "status_every_seconds", "checkpoint_every_seconds", "encoder_init_gain", "policy_init_gain"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",

@@ -1,5 +1,7 @@
 """ActorCritic shapes, learner/inference consistency, flat state and normalisation."""
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -371,3 +373,16 @@ def test_auto_precision_is_bf16_only_on_cpus_with_native_bf16(monkeypatch):
         assert model.encoders[0].bf16 is native
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_precision(cfg("--device", "auto")) == "fp32"  # unmeasured on GPUs: keep fp32
+
+
+def test_init_gains_reach_the_encoders_and_the_policy_head():
+    # An orthogonal matrix's rows (or columns) have norm `gain`: the policy head's
+    # rows, and each row of a wide-enough encoder layer, measure the gain back.
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    for enc_gain, pol_gain in ((math.sqrt(2.0), 0.01), (1.0, 1.0)):
+        model = ActorCritic(obs, gym.spaces.Discrete(3), hidden_sizes=(16,), separate_critic=False,
+                            encoder_init_gain=enc_gain, policy_init_gain=pol_gain)
+        head = model.policy_head.weight  # [3, 16]: 3 orthonormal rows, times the gain
+        torch.testing.assert_close(head.norm(dim=1), torch.full((3,), pol_gain))
+        first = next(m for m in model.encoders.modules() if isinstance(m, torch.nn.Linear)).weight  # [16, 4]
+        torch.testing.assert_close(first.norm(dim=0), torch.full((4,), enc_gain))

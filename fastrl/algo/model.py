@@ -329,6 +329,8 @@ class ActorCritic(nn.Module):
             image models want); separate weights keep the value loss, whose scale
             grows with the returns, from pulling on the policy's features (what small
             vector-observation models learn faster with).
+        encoder_init_gain, policy_init_gain: orthogonal-init gains of the encoders'
+            conv and linear layers and of the policy head.
 
     Attributes used by callers: `layout` (obs_layout of obs_space), `action_spec`,
     `rnn_state_size` (0 without an RNN), `core_size` (width of core_out).
@@ -346,9 +348,12 @@ class ActorCritic(nn.Module):
         separate_critic: bool = False,
         conv_bf16: bool = False,
         normalize_returns: bool = False,
+        encoder_init_gain: float = math.sqrt(2.0),
+        policy_init_gain: float = 0.01,
     ):
         super().__init__()
         self.conv_bf16 = conv_bf16
+        self.encoder_init_gain, self.policy_init_gain = encoder_init_gain, policy_init_gain
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r} is unknown; use one of {sorted(ACTIVATIONS)}.")
         if any(int(h) < 1 for h in hidden_sizes):
@@ -401,17 +406,18 @@ class ActorCritic(nn.Module):
         return nn.ModuleList(encoders)
 
     def _init_weights(self) -> None:
-        # Orthogonal init keeps activations' scale through depth; the tiny policy-head
-        # gain starts the policy near uniform (or near mean 0) so early exploration
-        # does not depend on the random init. The GRU keeps PyTorch's default init.
+        # Orthogonal init keeps activations' scale through depth; the default tiny
+        # policy-head gain starts the policy near uniform (or near mean 0) so early
+        # exploration does not depend on the random init. The GRU keeps PyTorch's
+        # default init.
         encoder_modules = list(self.encoders.modules())
         if self.critic_encoders is not None:
             encoder_modules += list(self.critic_encoders.modules())
         for module in encoder_modules:
             if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.orthogonal_(module.weight, gain=math.sqrt(2.0))
+                nn.init.orthogonal_(module.weight, gain=self.encoder_init_gain)
                 nn.init.zeros_(module.bias)
-        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.orthogonal_(self.policy_head.weight, gain=self.policy_init_gain)
         nn.init.zeros_(self.policy_head.bias)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
         nn.init.zeros_(self.value_head.bias)
@@ -646,4 +652,6 @@ def build_model(cfg, obs_space, action_space) -> ActorCritic:
         separate_critic=cfg.separate_critic,
         conv_bf16=resolve_precision(cfg) == "bf16",
         normalize_returns=cfg.normalize_returns,
+        encoder_init_gain=cfg.encoder_init_gain,
+        policy_init_gain=cfg.policy_init_gain,
     )
