@@ -5,7 +5,7 @@ import shutil
 import signal
 
 import pytest
-from helpers import REPO, TrainRun, read_summary
+from helpers import TESTS, TrainRun, read_summary
 
 from fastrl.learning.checkpoint import load_latest_checkpoint
 
@@ -139,7 +139,7 @@ def test_an_experiment_from_before_return_normalisation_was_the_default_resumes(
     # normalize_returns: it was trained without, so the resumed run must be too.
     ckpts = tmp_path / "older" / "checkpoints"
     ckpts.mkdir(parents=True)
-    shutil.copy(os.path.join(REPO, "tests", "data", "a8bffe5", "checkpoint_000000000027.pt"), ckpts)
+    shutil.copy(os.path.join(TESTS, "data", "a8bffe5", "checkpoint_000000000027.pt"), ckpts)
     run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--experiment", "older", "--plan", "off",
                     "--hidden_sizes", "8", "--normalize_obs", "true", "--train_for_seconds", "6"])
     assert run.wait(timeout=90) == 0, run.output()

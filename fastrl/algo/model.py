@@ -353,7 +353,6 @@ class ActorCritic(nn.Module):
     ):
         super().__init__()
         self.conv_bf16 = conv_bf16
-        self.encoder_init_gain, self.policy_init_gain = encoder_init_gain, policy_init_gain
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r} is unknown; use one of {sorted(ACTIVATIONS)}.")
         if any(int(h) < 1 for h in hidden_sizes):
@@ -382,7 +381,7 @@ class ActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
         # Statistics of the value targets in return units, fed by the learner.
         self.return_norm = RunningNorm(()) if normalize_returns else None
-        self._init_weights()
+        self._init_weights(encoder_init_gain, policy_init_gain)
 
     def value_scale(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(mean, std): the value head's output v stands for v * std + mean in return
@@ -405,7 +404,7 @@ class ActorCritic(nn.Module):
                 encoders.append(VectorEncoder(shape, hidden_sizes, activation, normalize_obs))
         return nn.ModuleList(encoders)
 
-    def _init_weights(self) -> None:
+    def _init_weights(self, encoder_gain: float, policy_gain: float) -> None:
         # Orthogonal init keeps activations' scale through depth; the default tiny
         # policy-head gain starts the policy near uniform (or near mean 0) so early
         # exploration does not depend on the random init. The GRU keeps PyTorch's
@@ -415,9 +414,9 @@ class ActorCritic(nn.Module):
             encoder_modules += list(self.critic_encoders.modules())
         for module in encoder_modules:
             if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.orthogonal_(module.weight, gain=self.encoder_init_gain)
+                nn.init.orthogonal_(module.weight, gain=encoder_gain)
                 nn.init.zeros_(module.bias)
-        nn.init.orthogonal_(self.policy_head.weight, gain=self.policy_init_gain)
+        nn.init.orthogonal_(self.policy_head.weight, gain=policy_gain)
         nn.init.zeros_(self.policy_head.bias)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
         nn.init.zeros_(self.value_head.bias)
