@@ -9,7 +9,8 @@ numbers and the resource planner decides process layouts from them.
   the model's forward and backward passes if nothing ever waited.
 - `machine_info`: the CPU, cores, GPU and software versions a result belongs to.
 - `cached_costs`: the planner's Costs, profiled in a second or two at start-up and
-  cached per machine and setup, so that only a setup's first run pays for it.
+  cached per machine and setup (`cache_path`), so that only a setup's first run
+  pays for it.
 
 The planner adds up the cost of stepping, acting and learning and divides the
 cores among them, so every cost it needs comes in core-seconds per sample (threads
@@ -526,19 +527,39 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def cached_costs(cfg, env, seconds: float) -> tuple:
-    """profile_costs, remembered per machine, torch version, fastrl source, env, model
-    options and worker pinning under ~/.cache/fastrl (XDG_CACHE_HOME), so only a machine's first
-    run of a setup pays for the profile. Returns (costs, whether it came from the cache).
-    A cached profile can be stale if the machine's load changed: --plan auto after
-    deleting the file, or the bench CLI, measures afresh."""
-    setup_keys = ("env", "hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs",
-                  "precision", "rollout", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
-                  "pin_workers")
+# The options that shape the model and so its cost; a measurement cached for one
+# setup must not be reused for another.
+MODEL_OPTIONS = ("hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "rollout")
+
+
+def cache_path(setup: dict) -> str:
+    """Where a measurement of `setup` (a JSON-ready dict naming what was measured)
+    is cached: ~/.cache/fastrl/profiles (XDG_CACHE_HOME), one file per machine,
+    torch version, fastrl source and setup, so that only a machine's first run of a
+    setup pays for measuring it."""
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
-                      "code": _source_digest(), **{k: getattr(cfg, k) for k in setup_keys}}, sort_keys=True)
+                      "code": _source_digest(), **setup}, sort_keys=True)
     root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
-    path = os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    return os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+
+
+def write_cache(path: str, data: dict) -> None:
+    """Keep `data` at `path` (a cache_path) for the next run, if the cache can be written."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json(path, data)
+    except OSError:
+        pass  # no cache dir: the next run measures again, nothing worse
+
+
+def cached_costs(cfg, env, seconds: float) -> tuple:
+    """profile_costs, remembered per machine and setup (cache_path: the env, model
+    options, precision and worker pinning). Returns (costs, whether they came from
+    the cache). A cached profile can be stale if the machine's load changed:
+    --plan auto after deleting the file, or the bench CLI, measures afresh."""
+    setup_keys = (*MODEL_OPTIONS, "env", "precision", "ppo_epochs", "doom_measurements", "doom_hud",
+                  "doom_scenario", "pin_workers")
+    path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys}})
     try:
         with open(path) as fh:
             data = json.load(fh)
@@ -548,9 +569,5 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
     except (OSError, ValueError, TypeError, KeyError):
         pass
     costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds)
-    try:
-        os.makedirs(root, exist_ok=True)
-        write_json(path, asdict(costs))
-    except OSError:
-        pass  # no cache dir: the next run profiles again, nothing worse
+    write_cache(path, asdict(costs))
     return costs, False
