@@ -8,7 +8,9 @@ with --plan auto, the default), each mode over a window of --seconds after a
   env     raw env stepping in --num_workers processes, random actions, no model:
           the sampling limit (env-limit)
   infer   the model's forward cost at the inference batch size and its learner
-          cost (forward + backward + Adam): with env, the compute-bound limit
+          cost (forward + backward + Adam), in the precision the trainer would
+          choose (printed; --precision fp32 and bf16 time each): with env, the
+          compute-bound limit
   sample  rollout workers (and policy workers) with a sink instead of the learner
   train   the whole trainer
 
@@ -38,6 +40,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from fastrl.algo.model import Precision, resolve_device
 from fastrl.config import Config, ConfigError, build_parser, parse_args
 from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.proc import usable_cores
@@ -329,13 +332,14 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     train_dir = tempfile.mkdtemp(prefix="fastrl-bench-")
     try:
         # Every check the trainer makes (unknown env, bad options) and its plan, before anything runs.
-        _, plan, spec, obs_space, action_space, *_ = prepare_experiment(
+        _, plan, spec, obs_space, action_space, *_, precision = prepare_experiment(
             bench_config(cfg, train_dir, "plan", warmup, seconds), explicit)
         # Planned once, then kept: every mode measures the same layout, and the sample and
         # train runs do not profile again.
         cfg = dataclasses.replace(planner.apply(cfg, plan) if plan else cfg, plan="off")
         report = {"env": cfg.env, "frameskip": spec.frameskip, "modes": list(modes), "seconds": seconds,
-                  "warmup": warmup, "machine": machine_info(), "config": cfg.to_dict(), "results": {}}
+                  "warmup": warmup, "machine": machine_info(), "config": cfg.to_dict(),
+                  "precision": precision._asdict(), "results": {}}
         if plan:
             report["plan"] = {"description": planner.describe(plan, spec.frameskip), **dataclasses.asdict(plan)}
         results = report["results"]
@@ -349,8 +353,8 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
         limit_seconds = seconds / len(halves)
         planned = {f"{m}{h}": limit_seconds + (warmup if m == "env" else 0) for h in halves for m in limits}
         progress = _Progress({**planned, **{m: seconds + warmup for m in runs}})
-        measure = functools.partial(_measure_limits, cfg, limits, obs_space, action_space, limit_seconds, warmup,
-                                    progress)
+        measure = functools.partial(_measure_limits, cfg, limits, obs_space, action_space, precision, limit_seconds,
+                                    warmup, progress)
         try:
             measured = [measure(halves[0])]
             for mode, learn in (("sample", False), ("train", True)):
@@ -372,11 +376,10 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     return report
 
 
-def _measure_limits(cfg: Config, limits: list, obs_space, action_space, seconds: float, warmup: float,
-                    progress: _Progress, label: str) -> tuple:
-    """(EnvProfile or None, ModelProfile or None) for the modes in `limits`."""
-    from fastrl.algo.model import resolve_device
-
+def _measure_limits(cfg: Config, limits: list, obs_space, action_space, precision: Precision, seconds: float,
+                    warmup: float, progress: _Progress, label: str) -> tuple:
+    """(EnvProfile or None, ModelProfile or None) for the modes in `limits`, the
+    model in the run's `precision`."""
     env = model = None
     if "env" in limits:
         progress.start("env" + label)
@@ -385,7 +388,7 @@ def _measure_limits(cfg: Config, limits: list, obs_space, action_space, seconds:
         progress.start("infer" + label)
         threads = sorted({1, cfg.torch_threads, cfg.learner_threads or cfg.torch_threads})
         model = measure_model(cfg, obs_space, action_space, forward_batch_sizes(cfg), threads,
-                              seconds, device=resolve_device(cfg), progress=progress.at)
+                              seconds, device=resolve_device(cfg), progress=progress.at, precision=precision)
     return env, model
 
 
@@ -450,6 +453,7 @@ def format_report(report: dict) -> str:
     ]
     if "plan" in report:
         lines.append(f"layout chosen by the planner, {report['plan']['description']}")
+    lines.append(Precision(**report["precision"]).describe())
     table = []
 
     def row(mode: str, fps: float, sps: float, note: str) -> None:

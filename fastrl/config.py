@@ -117,7 +117,10 @@ class Config:
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation of vector observations inside the model.")
     precision: str = _opt("auto", "Arithmetic of image encoders: fp32; bf16 (bfloat16 convs and FC, float32 weights, GRU, "
-                          "heads and loss); auto = bf16 on CPUs that compute bfloat16 natively (AVX512-BF16 or AMX), else fp32.",
+                          "heads and loss); auto = on a CPU that computes bfloat16 natively (AVX512-BF16 or AMX), time both "
+                          "and take the faster, for the actors and for the learner apart (a second or two on a machine's first "
+                          "run of a model, then cached under ~/.cache/fastrl), else fp32; fp32 on CUDA, where bf16 is not "
+                          "measured yet. A saved auto is decided again on the machine that resumes or plays it.",
                           choices=("auto", "fp32", "bf16"))
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
                                  "costs a second encoder pass, so image models may prefer false.")

@@ -36,6 +36,7 @@ from fastrl.learning.checkpoint import (
 )
 from fastrl.plumbing.files import cannot_write
 from fastrl.plumbing.seeding import SEED_BITS
+from fastrl.tuning.precision import resolve_precision
 
 DEFAULT_VIDEO_FPS = 30
 
@@ -200,7 +201,9 @@ def run(args) -> None:
         raise EnjoyError(env_failure(args.env, err)) from None
     video = None
     try:
-        model = build_model(cfg, env.observation_space, env.action_space)
+        # A saved "auto" is decided on this machine now, as a resumed run would.
+        precision = resolve_precision(cfg, env.observation_space, env.action_space)
+        model = build_model(cfg, env.observation_space, env.action_space, precision.acting)
         try:
             model.load_state_dict(state["model"])
         except (RuntimeError, KeyError) as err:

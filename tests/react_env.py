@@ -16,9 +16,10 @@ SIDE = 36  # the smallest square the conv encoder takes
 class ReactImageEnv(gym.Env):
     observation_space = gym.spaces.Box(0, 255, (3, SIDE, SIDE), np.uint8)
     action_space = gym.spaces.Discrete(2)
+    metadata = {"render_modes": ["rgb_array"]}  # what fastrl.enjoy makes every env with
 
-    def __init__(self, reward=1.0):
-        self.reward = reward
+    def __init__(self, reward=1.0, render_mode=None):
+        self.reward, self.render_mode = reward, render_mode
         self._frames = [np.zeros((3, SIDE, SIDE), np.uint8), np.full((3, SIDE, SIDE), 255, np.uint8)]
 
     def reset(self, *, seed=None, options=None):
@@ -31,6 +32,9 @@ class ReactImageEnv(gym.Env):
         self._t += 1
         self._colour = int(self.np_random.integers(2))
         return self._frames[self._colour], reward, False, self._t >= EPISODE_STEPS, {}
+
+    def render(self):
+        return self._frames[self._colour].transpose(1, 2, 0)  # [H, W, C], as a video frame
 
 
 gym.register(id="ReactImage-v0", entry_point="react_env:ReactImageEnv")

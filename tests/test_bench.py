@@ -71,6 +71,7 @@ def test_all_modes_write_a_complete_report_and_leave_nothing_behind(tmp_path):
     assert report["config"]["plan"] == "off" and report["plan"]["description"].startswith("plan: ")  # planned once
     assert report["bottleneck"] == report["results"]["train"]["bottleneck"]
     assert {"cpu", "usable_cores", "gpu", "torch", "python"} <= set(report["machine"])
+    assert report["precision"] == {"acting": "fp32", "learning": "fp32", "why": "no image encoder"}
     checked = 0
     for path, value in _leaves({k: v for k, v in report.items() if k != "config"}):  # config: the user's inputs
         if value is None:
@@ -87,7 +88,7 @@ def test_all_modes_write_a_complete_report_and_leave_nothing_behind(tmp_path):
     text = run.output()
     for line in ("env-limit", "compute-bound limit", "x env-limit", "where the time goes (train",
                  "policy lag", "bottleneck: ", "half a window before the runs", "cores kept busy",
-                 "core time per agent step: learner"):
+                 "core time per agent step: learner", "precision: fp32 (no image encoder)"):
         assert line in text, text
     assert run.leftover_processes() == []
     assert _own_shm_entries(run) == set()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from fastrl.envs.registry import get_spec
 
-from fastrl.algo.model import build_model, flat_state, flat_state_size
+from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size
 from fastrl.config import Config
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_best
 from fastrl.learning.evaluator import evaluator_main
@@ -54,7 +54,8 @@ class Harness:
         self.params = SharedParams(flat_state_size(self.model))
         self.board = StatsBoard(["runner", "learner", "rollout_0", "rollout_1"])
         self.ctx = SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space,
-                                   params=self.params, board=self.board, stop=StopFlag())
+                                   params=self.params, board=self.board, stop=StopFlag(),
+                                   precision=Precision("fp32", "fp32", "no image encoder"))
         self.results = queue.Queue()
         self.cfg = cfg
         self.thread = None

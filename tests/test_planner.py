@@ -124,25 +124,31 @@ def test_adapter_moves_a_core_to_a_busy_learner_and_back():
     assert change and "learner threads 2 -> 1" in change and adapter.threads == 1
 
 
-def test_cached_profile_is_reused_until_the_code_changes(tmp_path, monkeypatch):
+def test_cached_profile_is_reused_until_the_code_or_the_precision_changes(tmp_path, monkeypatch):
+    from fastrl.algo.model import Precision
     from fastrl.tuning import profiling
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     profiled = []
 
-    def fake_profile(cfg_, env, obs_space, action_space, seconds):
-        profiled.append(1)
+    def fake_profile(cfg_, env, obs_space, action_space, seconds, precision):
+        profiled.append(precision)
         return learner_bound(2)
 
     monkeypatch.setattr(profiling, "profile_costs", fake_profile)
     env = type("Env", (), {"observation_space": None, "action_space": None})()
-    first, cached = profiling.cached_costs(cfg(), env, 1.0)
+    fp32 = Precision("fp32", "fp32", "test")
+    first, cached = profiling.cached_costs(cfg(), env, 1.0, fp32)
     assert not cached and first == learner_bound(2)
-    again, cached = profiling.cached_costs(cfg(), env, 1.0)
+    again, cached = profiling.cached_costs(cfg(), env, 1.0, fp32)
     assert cached and again == first and len(profiled) == 1
+    # The model's costs in another arithmetic are another profile.
+    bf16_acting = Precision("bf16", "fp32", "test")
+    _, cached = profiling.cached_costs(cfg(), env, 1.0, bf16_acting)
+    assert not cached and profiled[-1] == bf16_acting
     monkeypatch.setattr(profiling, "_source_digest", lambda: "edited sources")
-    _, cached = profiling.cached_costs(cfg(), env, 1.0)
-    assert not cached and len(profiled) == 2
+    _, cached = profiling.cached_costs(cfg(), env, 1.0, fp32)
+    assert not cached and len(profiled) == 3
 
 
 def _learner_share(costs, plan) -> float:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
 
-from fastrl.algo.model import build_model, flat_state
+from fastrl.algo.model import Precision, build_model, flat_state
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_checkpoint, load_latest_checkpoint
 from fastrl.learning.learner import Learner
@@ -336,7 +336,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     params = SharedParams(flat_state(model).numel())
     params.publish(flat_state(model), state1["version"])
     ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=params,
-                                board=StatsBoard(["learner"]))
+                                board=StatsBoard(["learner"]), precision=Precision("fp32", "fp32", "no image encoder"))
     torch.manual_seed(12345)
     learner = Learner(cfg, ctx, "cpu", path1, 0)
     assert torch.equal(torch.get_rng_state(), state1["torch_rng"])

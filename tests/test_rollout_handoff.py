@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fastrl.algo.distributions import ActionSpec
-from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout
+from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, obs_layout
 from fastrl.config import Config
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
@@ -55,7 +55,7 @@ def _worker(num_buffers=3, on_put=None):
         obs_space=env.observation_space, action_space=env.action_space, action_spec=action_spec,
         buffers=buffers, params=params, board=StatsBoard(["rollout_0"]), stop=StopFlag(),
         free_queue=ListQueue(range(num_buffers)), traj_queue=ListQueue(on_put=on_put),
-        held_buffers=HeldBuffers(1, 1),
+        held_buffers=HeldBuffers(1, 1), precision=Precision("fp32", "fp32", "no image encoder"),
     )
     env.close()
     return RolloutWorker(cfg, 0, ctx), ctx

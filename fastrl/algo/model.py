@@ -17,8 +17,9 @@ the GRU cell over time (its input projection batched over all steps), resetting 
 state where an episode begins. Inference and learner unroll share `_encode` and
 `gru_step`, so they agree by construction (and the tests check that they do).
 
-`build_model` makes the network a run's config asks for; `resolve_device` and
-`resolve_precision` decide its `auto` options.
+`build_model` makes the network a run's config asks for, in the arithmetic its
+caller's role was given (`Precision`, which fastrl.tuning.precision decides);
+`resolve_device` decides `--device auto`.
 """
 
 import copy
@@ -321,7 +322,7 @@ class ActorCritic(nn.Module):
             image pixel, and feed the clipped z-scores to the encoders; the learner
             updates them via `update_normalizer`.
         conv_bf16: run image encoders in bfloat16 (see ConvEncoder); worth it only
-            where the hardware has native bf16 (inference.resolve_precision decides).
+            where it measures faster (fastrl.tuning.precision decides).
         normalize_returns: keep running statistics of the value targets; the value
             head then predicts normalised values and `value_scale()` maps them back.
         separate_critic: give the value head its own feed-forward encoders instead of
@@ -626,20 +627,49 @@ def resolve_device(cfg) -> str:
     return cfg.device
 
 
-def resolve_precision(cfg) -> str:
-    """cfg.precision with auto decided. bf16 pays only where the CPU has bfloat16
-    instructions: elsewhere oneDNN emulates it, slower than fp32. On CUDA auto stays
-    fp32 because no GPU measurement backs another choice yet."""
-    if cfg.precision != "auto":
-        return cfg.precision
-    on_cuda = resolve_device(cfg) == "cuda"
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX). Where it
+    does not, oneDNN emulates bf16, slower than fp32, so bf16 is not even worth
+    timing; where it does, bf16 may still be slower (fastrl.tuning.precision)."""
     # Private torch helpers: a torch without them counts as no native bf16.
-    native = any(getattr(torch.cpu, probe, lambda: False)()
-                 for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return "bf16" if native and not on_cuda else "fp32"
+    return any(getattr(torch.cpu, probe, lambda: False)()
+               for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
-def build_model(cfg, obs_space, action_space) -> ActorCritic:
+def has_images(obs_space: gym.Space) -> bool:
+    """Whether the model of `obs_space` has an image encoder, the only part that
+    --precision changes."""
+    return any(dtype == torch.uint8 for _, dtype in obs_layout(obs_space).values())
+
+
+class Precision(NamedTuple):
+    """The arithmetic of the image encoders, "fp32" or "bf16", for each role, and
+    why it was chosen (printed at start-up).
+
+    Acting and learning choose apart: an actor's forward on a few samples and the
+    learner's forward and backward on a thousand run different kernels, and bf16
+    can win the one and lose the other on the same CPU. Every process of a run gets
+    it through SharedContext, decided once in the runner before any child starts.
+    """
+
+    acting: str
+    learning: str
+    why: str
+
+    def describe(self) -> str:
+        if self.acting == self.learning:
+            return f"precision: {self.acting} ({self.why})"
+        return f"precision: acting {self.acting}, learning {self.learning} ({self.why})"
+
+
+def build_model(cfg, obs_space, action_space, precision: str = "fp32") -> ActorCritic:
+    """The network of `cfg`, its image encoders computing in `precision` ("fp32" or
+    "bf16": one role's choice from a Precision). The arithmetic changes no weight,
+    so a model built only for its weights (the runner's first parameters, a
+    checkpoint's tests) can keep the default."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"build_model takes precision fp32 or bf16, not {precision!r}; "
+                         "resolve --precision auto first (fastrl.tuning.precision).")
     return ActorCritic(
         obs_space,
         action_space,
@@ -649,7 +679,7 @@ def build_model(cfg, obs_space, action_space) -> ActorCritic:
         activation=cfg.activation,
         normalize_obs=cfg.normalize_obs,
         separate_critic=cfg.separate_critic,
-        conv_bf16=resolve_precision(cfg) == "bf16",
+        conv_bf16=precision == "bf16",
         normalize_returns=cfg.normalize_returns,
         encoder_init_gain=cfg.encoder_init_gain,
         policy_init_gain=cfg.policy_init_gain,

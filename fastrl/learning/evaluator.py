@@ -56,7 +56,8 @@ class Evaluator:
                              "start the evaluator only when it is positive.")
         self.cfg, self.ctx, self.result_queue = cfg, ctx, result_queue
         self.frames_offset = frames_offset
-        self.model = build_model(cfg, ctx.obs_space, ctx.action_space).eval()
+        # It plays as the actors do, so it computes as they do.
+        self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.acting).eval()
         self.version = NO_VERSION
         self._flat = torch.zeros_like(ctx.params.flat)
         self.best_path = os.path.join(checkpoint_dir(cfg), BEST_NAME)

@@ -35,7 +35,7 @@ class Learner:
         self.row = ctx.board.row("learner")
         self.timer = Timer(self.row)
         self.frames_offset = frames_offset
-        self.model = build_model(cfg, ctx.obs_space, ctx.action_space)
+        self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.learning)
         # Start from exactly the weights the runner published, which the actors already use.
         load_flat_state(self.model, ctx.params.flat.clone())
         self.model.to(self.device).train()

@@ -15,6 +15,7 @@ import gymnasium as gym
 import torch
 
 from fastrl.algo.distributions import ActionSpec
+from fastrl.algo.model import Precision
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
@@ -42,3 +43,7 @@ class SharedContext:
     inference_epoch: torch.Tensor
     held_buffers: HeldBuffers
     learner_threads: torch.Tensor  # [1]: the learner's torch threads, which the runner's adapter may move
+    # The image encoders' arithmetic: actors build their model in .acting, the
+    # learner in .learning. Decided by the runner (--precision auto measures), so
+    # that no child measures.
+    precision: Precision

@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
 from fastrl.algo.distributions import ActionSpec
-from fastrl.algo.model import build_model, flat_state, flat_state_size, obs_layout, resolve_device
+from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, obs_layout, resolve_device
 from fastrl.config import (
     EARLIER_DEFAULTS,
     Config,
@@ -55,6 +55,7 @@ from fastrl.sampling.policy_worker import policy_worker_main
 from fastrl.sampling.rollout_worker import rollout_worker_main
 from fastrl.tuning import planner, profiling
 from fastrl.tuning.adapt import ThreadAdapter
+from fastrl.tuning.precision import resolve_precision
 
 JOIN_TIMEOUT_S = 10.0
 PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process server's imports
@@ -112,9 +113,10 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
-def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[planner.Plan]:
+def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precision) -> Optional[planner.Plan]:
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
-    when resuming, else a fresh one from a start-up profile of `env` and the model."""
+    when resuming, else a fresh one from a start-up profile of `env` and the model
+    in the run's `precision`."""
     if cfg.plan == "off":
         return None
     saved = os.path.join(cfg.experiment_dir, "plan.json")
@@ -127,7 +129,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[plann
                               "or use --plan auto") from None
         print(f"fastrl: using the plan in {path}", flush=True)
         return plan
-    costs, cached = profiling.cached_costs(cfg, env, PROFILE_SECONDS)
+    costs, cached = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision)
     if cached:
         print("fastrl: planning from this machine's cached profile of this setup", flush=True)
     try:
@@ -137,9 +139,11 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool) -> Optional[plann
 
 
 def prepare_experiment(cfg: Config, explicit: set):
-    """Everything that can refuse the run, done before any process starts, and the
-    plan. Returns (cfg with the plan applied, plan, spec, obs_space, action_space,
-    model, checkpoint_state, checkpoint_path). Nothing is written before the last
+    """Everything that can refuse the run, done before any process starts, the
+    precision and the plan. Returns (cfg with the plan applied, plan, spec,
+    obs_space, action_space, model, checkpoint_state, checkpoint_path, precision);
+    cfg.precision stays as given (auto is decided again on the machine a resumed
+    run starts on, and config.json keeps it so). Nothing is written before the last
     check: a refused run leaves the experiment as it found it, and --restart
     deletes the old checkpoints only once the new run can start."""
     spec = check_env_and_options(cfg)
@@ -174,7 +178,10 @@ def prepare_experiment(cfg: Config, explicit: set):
         if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
             raise ConfigError(f"--exploration_loss symmetric_kl needs discrete actions, but {cfg.env} has "
                               f"{action_space}; use --exploration_loss entropy.")
-        plan = make_plan(cfg, explicit, env, resuming=state is not None)
+        # Decided before the plan, which profiles the model in it, and with
+        # --plan off too; once, here, for every process of the run.
+        precision = resolve_precision(cfg, obs_space, action_space)
+        plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision)
     finally:
         env.close()
     if plan is not None:
@@ -195,7 +202,7 @@ def prepare_experiment(cfg: Config, explicit: set):
                 "as when it was trained, or pass --restart to start over.") from None
     if cfg.restart and os.path.isdir(ckpt_dir):
         shutil.rmtree(ckpt_dir)
-    return cfg, plan, spec, obs_space, action_space, model, state, path
+    return cfg, plan, spec, obs_space, action_space, model, state, path, precision
 
 
 class Runner:
@@ -206,7 +213,7 @@ class Runner:
     def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None):
         self.learn = learn
         (cfg, self.plan, self.spec, self.obs_space, self.action_space, model, state,
-         self.resume_path) = prepare_experiment(cfg, explicit or set())
+         self.resume_path, self.precision) = prepare_experiment(cfg, explicit or set())
         self.cfg = cfg
         os.makedirs(cfg.experiment_dir, exist_ok=True)
         save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
@@ -267,6 +274,7 @@ class Runner:
             inference_epoch=torch.zeros(1, dtype=torch.int64).share_memory_(),
             held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
             learner_threads=self.adapter.target,
+            precision=self.precision,
         )
 
     def _num_policy_workers(self) -> int:
@@ -445,7 +453,8 @@ class Runner:
         try:
             self.start()
             print(f"fastrl: training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} "
-                  f"envs, inference {cfg.inference} on {self.device}; experiment in {cfg.experiment_dir}", flush=True)
+                  f"envs, inference {cfg.inference} on {self.device}, {self.precision.describe()}; "
+                  f"experiment in {cfg.experiment_dir}", flush=True)
             signals.looping = True
             while True:
                 signals.raise_if_received()

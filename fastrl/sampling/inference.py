@@ -22,7 +22,7 @@ class PolicyCopy:
     def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu"):
         self.ctx, self.row = ctx, row
         self.device = torch.device(device)
-        self.model = build_model(cfg, ctx.obs_space, ctx.action_space).to(self.device)
+        self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.acting).to(self.device)
         self.model.eval()
         self.rnn_size = self.model.rnn_state_size
         self._flat = torch.zeros_like(ctx.params.flat)

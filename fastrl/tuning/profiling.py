@@ -20,7 +20,6 @@ count it was measured at.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import multiprocessing
@@ -38,7 +37,7 @@ import torch
 
 import fastrl
 from fastrl import envs
-from fastrl.algo.model import build_model, obs_zeros
+from fastrl.algo.model import Precision, build_model, obs_zeros
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.learner import gradient_step
@@ -351,31 +350,30 @@ def time_interleaved(calls: dict, seconds: float, min_rounds: int = MIN_ROUNDS, 
             return {key: statistics.median(ts) for key, ts in times.items()}
 
 
-def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
-                  seconds: float, device: str = "cpu", progress: Progress = None,
-                  forward_threads: Optional[Sequence[int]] = None) -> ModelProfile:
-    """Time the model of `cfg` on random data: a forward at every size in `batch_sizes`
-    with torch.set_num_threads(t) for each t in `forward_threads` (default: `threads`),
-    and a learner gradient step on one minibatch for each t in `threads`, interleaved
-    (time_interleaved) over about `seconds`. Runs in this process and restores its
-    thread count."""
+def model_calls(cfg, obs_space, action_space, batch_sizes: Sequence[int], precision: Precision,
+                device: str = "cpu") -> tuple:
+    """The model of `cfg` on random data, ready to time: ({batch: one inference
+    forward at that size}, one learner gradient step on a minibatch of cfg's shape,
+    the samples that step trains on). The forwards run in precision.acting, the
+    step in precision.learning; seeded from cfg.seed, so two calls in different
+    precisions time the same weights on the same data."""
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, obs_space, action_space).to(dev)
+    model = build_model(cfg, obs_space, action_space, precision.learning).to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
     minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
                  for k, v in _fake_minibatch(cfg, model, obs_space, gen).items()}
-    # The forwards run on their own copy, as an actor does: the interleaved training
-    # steps change the learner's weights every round, and a forward right after one
-    # would pay for re-deriving its cached bf16 weights, which an actor does once per
+    # The forwards run on their own copy, as an actor does: the training steps
+    # change the learner's weights every round, and a forward right after one would
+    # pay for re-deriving its cached bf16 weights, which an actor does once per
     # parameter update, not once per forward.
-    actor = copy.deepcopy(model).eval()
+    actor = build_model(cfg, obs_space, action_space, precision.acting).to(dev)
+    actor.load_state_dict(model.state_dict())
+    actor.eval()
     inputs = {b: ({k: v.to(dev) for k, v in _fake_obs(model, obs_space, (b,), gen).items()},
                   torch.zeros(b, model.rnn_state_size, device=dev)) for b in batch_sizes}
-    samples = minibatch["rewards"].numel()
-    forward_threads = list(threads if forward_threads is None else forward_threads)
     model.train()
 
     def forward(obs, rnn):
@@ -389,16 +387,29 @@ def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], thre
         gradient_step(cfg, model, optimizer, minibatch, minibatch["valid"])
         sync()
 
-    calls = {("forward", t, b): (t, forward(obs, rnn)) for t in forward_threads for b, (obs, rnn) in inputs.items()}
+    return {b: forward(obs, rnn) for b, (obs, rnn) in inputs.items()}, train, minibatch["rewards"].numel()
+
+
+def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
+                  seconds: float, device: str = "cpu", progress: Progress = None,
+                  forward_threads: Optional[Sequence[int]] = None, *, precision: Precision) -> ModelProfile:
+    """Time the model of `cfg` in `precision` on random data (model_calls): a forward
+    at every size in `batch_sizes` with torch.set_num_threads(t) for each t in
+    `forward_threads` (default: `threads`), and a learner gradient step on one
+    minibatch for each t in `threads`, interleaved (time_interleaved) over about
+    `seconds`. Runs in this process and restores its thread count."""
+    forwards, train, samples = model_calls(cfg, obs_space, action_space, batch_sizes, precision, device)
+    forward_threads = list(threads if forward_threads is None else forward_threads)
+    calls = {("forward", t, b): (t, fn) for t in forward_threads for b, fn in forwards.items()}
     calls.update({("train", t, None): (t, train) for t in threads})
     previous = torch.get_num_threads()
     try:
         per_call = time_interleaved(calls, seconds, tick=(lambda e: progress(min(seconds, e))) if progress else None)
     finally:
         torch.set_num_threads(previous)
-    forward_s = {t: {b: per_call[("forward", t, b)] / b for b in inputs} for t in forward_threads}
+    forward_s = {t: {b: per_call[("forward", t, b)] / b for b in forwards} for t in forward_threads}
     train_s = {t: per_call[("train", t, None)] / samples for t in threads}
-    return ModelProfile(device=str(dev), threads=list(threads), forward_batch_sizes=list(batch_sizes),
+    return ModelProfile(device=str(torch.device(device)), threads=list(threads), forward_batch_sizes=list(batch_sizes),
                         forward_s_per_sample=forward_s, train_minibatch=samples,
                         ppo_epochs=cfg.ppo_epochs, train_s_per_sample=train_s)
 
@@ -494,19 +505,19 @@ def time_env_steps(env, seconds: float, chunks: int = ENV_CHUNKS, clock=time.per
     return statistics.median(per_step[1:] or per_step)
 
 
-def profile_costs(cfg, env, obs_space, action_space, seconds: float) -> Costs:
+def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: Precision) -> Costs:
     """Measure this machine's costs in about `seconds` (plus torch's one-off warm-up
     on first use, ~1.5 s, and at least a few rounds of the model): a third stepping
-    `env`, the rest timing the model on random data, inference at several batch
-    sizes on one thread (actors run one) and a learner gradient pass on 1 and 2
-    threads, interleaved."""
+    `env`, the rest timing the model in the run's `precision` on random data,
+    inference at several batch sizes on one thread (actors run one) and a learner
+    gradient pass on 1 and 2 threads, interleaved."""
     cores = usable_cores()
     with on_one_core(cfg.pin_workers):  # where the runner made `env` when workers are pinned
         env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
     small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
     threads = [1, 2] if cores >= 2 else [1]
     model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3,
-                          forward_threads=[1])
+                          forward_threads=[1], precision=precision)
     return Costs(cores=cores, env_s=env_s, forward_s=dict(model.forward_s_per_sample[1]),
                  train_s=dict(model.train_s_per_sample))
 
@@ -552,14 +563,15 @@ def write_cache(path: str, data: dict) -> None:
         pass  # no cache dir: the next run measures again, nothing worse
 
 
-def cached_costs(cfg, env, seconds: float) -> tuple:
+def cached_costs(cfg, env, seconds: float, precision: Precision) -> tuple:
     """profile_costs, remembered per machine and setup (cache_path: the env, model
-    options, precision and worker pinning). Returns (costs, whether they came from
-    the cache). A cached profile can be stale if the machine's load changed:
-    --plan auto after deleting the file, or the bench CLI, measures afresh."""
-    setup_keys = (*MODEL_OPTIONS, "env", "precision", "ppo_epochs", "doom_measurements", "doom_hud",
-                  "doom_scenario", "pin_workers")
-    path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys}})
+    options, the run's precision and worker pinning). Returns (costs, whether they
+    came from the cache). A cached profile can be stale if the machine's load
+    changed: --plan auto after deleting the file, or the bench CLI, measures afresh."""
+    setup_keys = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
+                  "pin_workers")
+    path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys},
+                       "precision": [precision.acting, precision.learning]})
     try:
         with open(path) as fh:
             data = json.load(fh)
@@ -568,6 +580,6 @@ def cached_costs(cfg, env, seconds: float) -> tuple:
         return Costs(**data), True
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds)
+    costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds, precision)
     write_cache(path, asdict(costs))
     return costs, False
