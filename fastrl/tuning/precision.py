@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import replace
 
 import torch
@@ -37,16 +38,20 @@ from fastrl.tuning.profiling import (
     write_cache,
 )
 
-# Past time_interleaved's minimum of rounds: a Doom model's round (both precisions,
-# every batch size and a learner step each) takes ~0.25 s on one core, so the whole
-# measurement, warm-up calls included, takes 1-2 s once per machine and setup.
+# CPU seconds to time for, past time_interleaved's minimum of rounds: a small model
+# gets more rounds; a Doom model's round (both precisions, every batch size and a
+# learner step each) takes ~0.3 s, so its 3 rounds and 2 warm-up calls take
+# ~2 CPU seconds, once per machine and model.
 MEASURE_SECONDS = 0.5
-# The learner's step is timed on this many trajectories (64 samples at rollout 32):
-# a Doom batch of 1024 would take a second per step, and what bf16 saves per
-# sample is already there at this size.
+# The learner's step is timed on this many trajectories (64 samples at rollout
+# 32), since a Doom minibatch of 1024 takes a second a step. A small step
+# understates bf16's gain, as the costs it does not change (Adam, the GRU's loop
+# over time) weigh more in it: on this project's AMD EPYC bf16 took 0.86x fp32's
+# time at 64 samples, 0.72x at 256 and 0.63x at 1024. The error leans to fp32, the
+# exact arithmetic: it can miss a small gain, not see a gain that is not there.
 TRAJECTORIES = 2
 # bf16 must save at least this share of fp32's time: fp32 is the exact arithmetic,
-# and a few percent lie within what a second's measurement on a busy machine gets wrong.
+# and repeated measurements of one model on a busy 2-core machine spread by ~3%.
 MIN_GAIN = 0.05
 PRECISIONS = ("fp32", "bf16")
 
@@ -93,7 +98,11 @@ def measure_precision(cfg, obs_space, action_space, seconds: float) -> dict:
     TRAJECTORIES trajectories, {"fp32": s, "bf16": s}, as {"acting": ..., "learning": ...}.
 
     All four are timed in the same rounds (time_interleaved), so that a second in
-    which something else takes the core slows fp32 and bf16 alike, and on one
+    which the machine is slower slows fp32 and bf16 alike; in CPU time, not wall
+    time, so that a program beside it taking the core (a benchmark, the process
+    server importing torch at start-up) does not count (on a 2-core machine
+    running a Doom benchmark beside it, four repeats gave ratios within 4% of each
+    other, where wall-clock timings of one call were off by up to 3x); and on one
     thread: an actor runs one, and what bf16 saves is a property of the core."""
     small = replace(cfg, batch_size=cfg.rollout * TRAJECTORIES, num_minibatches=1)
     calls, samples = {}, 0
@@ -104,7 +113,7 @@ def measure_precision(cfg, obs_space, action_space, seconds: float) -> dict:
         calls[("learning", p, None)] = (1, train)
     previous = torch.get_num_threads()
     try:
-        per_call = time_interleaved(calls, seconds)
+        per_call = time_interleaved(calls, seconds, clock=time.process_time)
     finally:
         torch.set_num_threads(previous)
     return {"acting": {p: {b: per_call[("acting", p, b)] / b for b in FORWARD_BATCHES} for p in PRECISIONS},
