@@ -40,16 +40,17 @@ from fastrl.tuning.profiling import (
 
 # CPU seconds to time for, past time_interleaved's minimum of rounds: a small model
 # gets more rounds; a Doom model's round (both precisions, every batch size and a
-# learner step each) takes ~0.3 s, so its 3 rounds and 2 warm-up calls take
-# ~2 CPU seconds, once per machine and model.
+# learner step each) takes ~0.6 s, so its 3 rounds and 2 warm-up calls take
+# ~4 CPU seconds, once per machine and model.
 MEASURE_SECONDS = 0.5
-# The learner's step is timed on this many trajectories (64 samples at rollout
+# The learner's step is timed on this many trajectories (256 samples at rollout
 # 32), since a Doom minibatch of 1024 takes a second a step. A small step
 # understates bf16's gain, as the costs it does not change (Adam, the GRU's loop
 # over time) weigh more in it: on this project's AMD EPYC bf16 took 0.86x fp32's
-# time at 64 samples, 0.72x at 256 and 0.63x at 1024. The error leans to fp32, the
-# exact arithmetic: it can miss a small gain, not see a gain that is not there.
-TRAJECTORIES = 2
+# time at 64 samples, 0.72x at 256 and 0.63x at 1024. At 64 samples, on a loaded
+# machine, one run measured 0.95x and chose fp32 for a learner that bf16 makes
+# 1.6x faster; 256 samples cost ~1.6 CPU seconds more, once.
+TRAJECTORIES = 8
 # bf16 must save at least this share of fp32's time: fp32 is the exact arithmetic,
 # and repeated measurements of one model on a busy 2-core machine spread by ~3%.
 MIN_GAIN = 0.05
