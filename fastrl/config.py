@@ -115,7 +115,8 @@ class Config:
                                    "Factory's loss settings got past the turn-and-fire plateau: benchmarks/README.md).")
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
     rnn_size: int = _opt(512, "GRU hidden size.")
-    normalize_obs: bool = _opt(False, "Running mean/std normalisation of vector observations inside the model.")
+    normalize_obs: bool = _opt(False, "Running mean/std normalisation inside the model of vector observations and of each "
+                                "image pixel (on by default on Doom: fastrl/presets.py).")
     precision: str = _opt("auto", "Arithmetic of image encoders: fp32; bf16 (bfloat16 convs and FC, float32 weights, GRU, "
                           "heads and loss); auto = on a CPU that computes bfloat16 natively (AVX512-BF16 or AMX), time both "
                           "and take the faster, for the actors and for the learner apart (a second or two on a machine's first "
