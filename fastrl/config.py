@@ -156,6 +156,8 @@ class Config:
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
     status_every_seconds: float = _opt(5.0, "Seconds between console status lines.")
     worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs).")
+    max_worker_restarts: int = _opt(5, "A rollout or policy worker killed or hung more often than this within 10 minutes stops the run, "
+                                    "named with its cause, instead of being restarted again: a worker that keeps dying has a cause to fix.")
 
     # ---------------------------------------------------------------------------------------
     @property
@@ -213,7 +215,7 @@ def validate(cfg: Config) -> None:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
-                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames"):
+                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
     if not 0 <= cfg.worker_nice <= 19:

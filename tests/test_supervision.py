@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import torch
 
 from fastrl.plumbing.stats_board import StatsBoard
-from fastrl.runtime.supervision import MAX_RESTARTS_IN_WINDOW, WorkerSupervisor
+from fastrl.runtime.supervision import WorkerSupervisor
+
+MAX_RESTARTS = 3  # --max_worker_restarts
 
 
 class FakeProcess:
@@ -41,7 +43,7 @@ def _supervised(*processes):
         runner.policy_processes = {i: FakeProcess() for i in runner.policy_processes}
 
     runner.replace_policy_workers = replace_policy_workers
-    return WorkerSupervisor(runner, heartbeat_timeout_s=3.0), runner
+    return WorkerSupervisor(runner, heartbeat_timeout_s=3.0, max_restarts=MAX_RESTARTS), runner
 
 
 def test_a_policy_worker_that_raised_is_left_for_the_run_to_stop_on():
@@ -70,10 +72,11 @@ def test_a_silent_policy_worker_is_killed_and_restarted_but_one_starting_up_is_n
 
 def test_a_policy_worker_dying_too_often_stops_the_run_naming_it():
     supervisor, runner = _supervised(FakeProcess())
-    for _ in range(MAX_RESTARTS_IN_WINDOW):
+    for _ in range(MAX_RESTARTS):
         runner.policy_processes[0].exitcode = -9
         assert supervisor.check_policy_workers() is None
     runner.policy_processes[0].exitcode = -9
     failure = supervisor.check_policy_workers()
-    assert failure.startswith(f"policy-worker 0 was killed by signal 9, its {MAX_RESTARTS_IN_WINDOW + 1}th death")
-    assert len(runner.replaced) == MAX_RESTARTS_IN_WINDOW
+    assert failure.startswith(f"policy-worker 0 was killed by signal 9, {MAX_RESTARTS + 1} deaths in 600 s where "
+                              f"--max_worker_restarts allows {MAX_RESTARTS} restarts")
+    assert len(runner.replaced) == MAX_RESTARTS

@@ -247,7 +247,7 @@ class Runner:
         self.training_since: Optional[float] = None  # when the first sample was trained
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
         self._last_report = 0.0
-        self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds)
+        self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds, cfg.max_worker_restarts)
 
     def _build_context(self, model) -> SharedContext:
         cfg = self.cfg

@@ -11,14 +11,14 @@ then re-send what was not answered (sampling/inference.RemotePolicy says why).
 What no restart repairs: a worker killed while it holds a queue's lock (a few
 microseconds of each queue call; faster-fifo's mutex is not robust) leaves that
 queue locked, and whoever uses it next blocks for good. Those then go silent and
-are restarted until the restart limit stops the run with their name.
+are restarted until the restart limit (--max_worker_restarts) stops the run with
+their name.
 """
 from __future__ import annotations
 
 import time
 
 RESTART_WINDOW_S = 600.0
-MAX_RESTARTS_IN_WINDOW = 5
 # In policy-worker mode a late batch could still write actions into a dead
 # worker's buffers; waiting this long before recycling them lets it land.
 RECYCLE_DELAY_S = 1.0
@@ -26,9 +26,10 @@ STOP_TIMEOUT_S = 5.0  # for a healthy policy worker to leave on SIGTERM before i
 
 
 class WorkerSupervisor:
-    def __init__(self, runner, heartbeat_timeout_s: float):
+    def __init__(self, runner, heartbeat_timeout_s: float, max_restarts: int):
         self.runner = runner
         self.timeout = heartbeat_timeout_s
+        self.max_restarts = max_restarts  # per worker within RESTART_WINDOW_S
         self.restarts: dict = {}  # worker name -> restart times
         self.total_restarts = 0
 
@@ -52,9 +53,9 @@ class WorkerSupervisor:
         now = time.time()
         recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW_S] + [now]
         self.restarts[name] = recent
-        if len(recent) > MAX_RESTARTS_IN_WINDOW:
-            return (f"{name} {cause}, its {len(recent)}th death in {RESTART_WINDOW_S:g} s; "
-                    "stopping instead of restarting it again")
+        if len(recent) > self.max_restarts:
+            return (f"{name} {cause}, {len(recent)} deaths in {RESTART_WINDOW_S:g} s where --max_worker_restarts "
+                    f"allows {self.max_restarts} restarts; stopping instead of restarting it again")
         self.total_restarts += 1
         return None
 
