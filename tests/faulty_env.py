@@ -9,6 +9,8 @@ Each counts steps per instance, so a re-created env starts its count again:
     BrokenStep-v0  raises inside every step(); the run must stop naming it.
     NanOnce-v0     one NaN reward, at its 100th step; the update is skipped.
     NanReward-v0   NaN rewards from its 300th step on; the run must stop.
+    SelfHealing-v0 at its 3rd step, restarts itself as a ViZDoom env does when its
+                   engine dies: the episode ends truncated with info["env_restarted"].
 Episodes are 50 steps (truncated), with random observations and reward 1.
 """
 import gymnasium as gym
@@ -25,8 +27,9 @@ class FaultyEnv(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, raise_at=(), raise_from=None, nan_at=(), nan_from=None):
+    def __init__(self, raise_at=(), raise_from=None, nan_at=(), nan_from=None, heal_at=()):
         self.raise_at, self.raise_from = set(raise_at), raise_from
+        self.heal_at = set(heal_at)
         self.nan_at, self.nan_from = set(nan_at), nan_from
         self.steps = 0  # over this instance's life, across episodes
         self._t = 0
@@ -43,6 +46,8 @@ class FaultyEnv(gym.Env):
             raise EnvBroke(f"the faulty env broke at its step {self.steps}")
         nan = self.steps in self.nan_at or (self.nan_from is not None and self.steps >= self.nan_from)
         obs = self.np_random.uniform(-1, 1, 4).astype(np.float32)
+        if self.steps in self.heal_at:
+            return obs, 0.0, False, True, {"env_restarted": True}
         return obs, float("nan") if nan else 1.0, False, self._t >= EPISODE_STEPS, {}
 
 
@@ -50,3 +55,4 @@ gym.register(id="FlakyStep-v0", entry_point="faulty_env:FaultyEnv", kwargs={"rai
 gym.register(id="BrokenStep-v0", entry_point="faulty_env:FaultyEnv", kwargs={"raise_from": 1})
 gym.register(id="NanOnce-v0", entry_point="faulty_env:FaultyEnv", kwargs={"nan_at": (100,)})
 gym.register(id="NanReward-v0", entry_point="faulty_env:FaultyEnv", kwargs={"nan_from": 300})
+gym.register(id="SelfHealing-v0", entry_point="faulty_env:FaultyEnv", kwargs={"heal_at": (3,)})

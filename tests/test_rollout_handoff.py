@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from fastrl.envs.registry import get_spec
 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, obs_layout
@@ -39,12 +40,10 @@ class ListQueue:
         return taken
 
 
-def _worker(num_buffers=3, on_put=None):
-    cfg = Config(env="CartPole-v1", num_workers=1, num_envs_per_worker=ENVS, rollout=ROLLOUT,
+def _worker(num_buffers=3, on_put=None, env_id="CartPole-v1"):
+    cfg = Config(env=env_id, num_workers=1, num_envs_per_worker=ENVS, rollout=ROLLOUT,
                  batch_size=ROLLOUT * ENVS, num_minibatches=1)
-    import gymnasium as gym
-
-    env = gym.make("CartPole-v1")
+    env = get_spec(env_id).make(seed=0)
     action_spec = ActionSpec.from_space(env.action_space)
     buffers = TrajectoryBuffers(num_buffers, ROLLOUT, ENVS, obs_layout(env.observation_space),
                                 action_spec.action_dim, action_spec.dtype, rnn_size=0)
@@ -182,3 +181,18 @@ def test_answers_the_old_policy_workers_sent_are_used_not_asked_for_again():
     assert ctx.request_queue.items == [(0, 1, 1, 0, 1)]
     policy.request(0, 0, 1)  # the next step, sent in the new epoch
     assert ctx.request_queue.items[-1] == (0, 0, 0, 1, 1)
+
+
+def test_an_env_restarting_itself_counts_as_an_env_restart():
+    # A ViZDoom env whose engine died starts a new one itself and says so in info;
+    # the run's env_restarts must count it as it counts an env that raised.
+    worker, ctx = _worker(env_id="faulty_env:SelfHealing-v0")
+    try:
+        assert worker._start_splits()
+        for _ in range(3):  # each of the ENVS envs heals at its 3rd step
+            worker._step_envs(0)
+            worker.t[0] += 1
+        assert ctx.board.get("rollout_0", "env_restarts") == ENVS
+    finally:
+        for split in worker.splits:
+            split.close()

@@ -74,7 +74,8 @@ class SplitEnvs:
     def _reset_env(self, i: int):
         while True:
             try:
-                obs, _ = self.envs[i].reset(seed=self._next_seed(i))
+                obs, info = self.envs[i].reset(seed=self._next_seed(i))
+                self._count_own_restart(info)
                 self._last_obs[i] = obs
                 return obs
             except Exception:
@@ -94,6 +95,12 @@ class SplitEnvs:
             pass
         self.envs[i] = self._make(i)
 
+    def _count_own_restart(self, info: dict) -> None:
+        """Count a restart the env did itself: a ViZDoom env whose engine died starts
+        a new one and says so in info (envs/doom/doom_env.py), rather than raising."""
+        if info.get("env_restarted"):
+            self.restarts += 1
+
     def step(self, buf: int, t: int) -> None:
         """Step every env with the actions at [buf, t]; write rewards, episode
         ends and the next observations at [buf, t+1]."""
@@ -108,6 +115,7 @@ class SplitEnvs:
                 # Only a step clears the count: a reset that works after every failed
                 # step must not let an env that can never step run forever.
                 self._failures[i] = 0
+                self._count_own_restart(info)
             except Exception:
                 # The episode is cut where the env died: bootstrap from the last good obs.
                 self._recreate(i, traceback.format_exc())
