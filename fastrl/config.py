@@ -158,6 +158,9 @@ class Config:
     worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs).")
     max_worker_restarts: int = _opt(5, "A rollout or policy worker killed or hung more often than this within 10 minutes stops the run, "
                                     "named with its cause, instead of being restarted again: a worker that keeps dying has a cause to fix.")
+    max_restarts: int = _opt(0, "When the learner dies (it raised, or was killed), restart the whole run from the newest good checkpoint "
+                             "instead of stopping, at most this many times; frames and counters go on from the checkpoint's. "
+                             "Training since that checkpoint is lost, so a shorter --checkpoint_every_seconds loses less. 0 = stop.")
 
     # ---------------------------------------------------------------------------------------
     @property
@@ -215,7 +218,7 @@ def validate(cfg: Config) -> None:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
-                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts"):
+                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
     if not 0 <= cfg.worker_nice <= 19:

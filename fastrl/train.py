@@ -16,9 +16,9 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
-        from fastrl.runtime.runner import Runner
+        from fastrl.runtime.runner import train
 
-        return Runner(cfg, explicit=extra.explicit).run()
+        return train(cfg, extra.explicit)
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)
         print(f"fastrl: error: {err}", file=sys.stderr)
         return 2

@@ -275,6 +275,56 @@ def test_a_killed_learner_stops_the_run_naming_it(tmp_path):
     assert_nothing_left(run)
 
 
+RESTARTED = re.compile(r"fastrl: the learner was killed by SIGKILL; restarted the run from checkpoint \S+ "
+                       r"\(frames ([\d,]+)\), restart (\d) of (\d) \(--max_restarts\)\.$")
+
+
+def kill_the_learner_once_it_checkpointed(run: TrainRun, ckpt_dir) -> int:
+    """SIGKILL the learner once a checkpoint exists (one taken from the start would
+    restart nothing); returns its pid."""
+    deadline = time.time() + 60
+    while not (ckpt_dir.is_dir() and checkpoints(ckpt_dir)):
+        assert run.proc.poll() is None and time.time() < deadline, run.output()
+        run._take_lines(0.2)
+    pid = pid_titled(run, "fastrl: learner")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_learner_restarts_the_run_from_its_checkpoint_with_max_restarts(tmp_path):
+    # The first checkpoint comes 0.5 s into training, some 6,500 frames at the
+    # fastest sampling seen here (13,000 frames/s): the budget is out of its reach.
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--max_restarts", "2", "--checkpoint_every_seconds", "0.5",
+                 "--train_for_env_frames", "20000"])
+    old = kill_the_learner_once_it_checkpointed(run, tmp_path / "CartPole-v1" / "checkpoints")
+    line = wait_for_new_line(run, lambda text: RESTARTED.match(text) is not None, timeout=30)
+    frames, restart, allowed = RESTARTED.match(line).groups()
+    assert (restart, allowed) == ("1", "2")
+    assert int(frames.replace(",", "")) < 10000, run.output()  # else the restarted run need not train to finish
+    assert pid_titled(run, "fastrl: learner") != old
+    assert finish(run, 60) == 0, run.output()
+    assert "reached 20,000 env frames" in run.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["learner_restarts"] == 1 and summary["env_frames"] >= 20000, summary
+    # Frames go on from the checkpoint's count, and the restarted run trained on.
+    assert summary["env_frames"] - summary["env_frames_this_run"] == int(frames.replace(",", "")), summary
+    assert summary["samples_trained"] > 0, run.output()
+    assert_nothing_left(run)
+
+
+def test_a_learner_dying_more_often_than_max_restarts_stops_the_run_naming_it(tmp_path):
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--max_restarts", "1", "--checkpoint_every_seconds", "0.5",
+                 "--train_for_env_frames", "100000000"])
+    ckpt_dir = tmp_path / "CartPole-v1" / "checkpoints"
+    kill_the_learner_once_it_checkpointed(run, ckpt_dir)
+    wait_for_new_line(run, lambda text: RESTARTED.match(text) is not None, timeout=30)
+    wait_for_frames(run, 1, timeout=30)
+    kill_and_see_the_run_stop_naming_it(run, "learner")
+    assert "stopping the run, as the 1 restarts --max_restarts allows are used up" in run.output()
+    assert read_summary(tmp_path, "CartPole-v1")["learner_restarts"] == 1
+    assert_nothing_left(run)
+
+
 # -- data safety --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import math
 import os
 import queue
@@ -12,7 +13,7 @@ import shutil
 import signal
 import sys
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import faster_fifo
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
@@ -71,6 +72,37 @@ def exit_cause(exitcode) -> str:
         except ValueError:
             return f"was killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
+
+
+class Failure(NamedTuple):
+    """What ended a run: the child's name, why in one clause ("was killed by SIGKILL",
+    "raised ValueError: ..."), and the text to print, traceback included."""
+    who: str
+    cause: str
+    text: str
+
+
+def _child_failure(name: str, tb: str) -> Failure:
+    """The Failure of a child that sent its traceback: its cause is the traceback's last line."""
+    last = next((line.strip() for line in reversed(tb.splitlines()) if line.strip()), "an exception")
+    return Failure(name, f"raised {last}", f"{name} failed:\n{tb}")
+
+
+@dataclasses.dataclass
+class Earlier:
+    """What a run counted before its learner died, handed to the Runner that restarts
+    it from a checkpoint. That Runner's board starts at zero and its frames at the
+    checkpoint's; these are added in so that reports and summary.json count the whole
+    run. Frames are not among them: those trained after the checkpoint are lost with
+    the learner, and the checkpoint's count is the one its weights match."""
+    learner_restarts: int = 0
+    death: str = ""  # why the learner died last, in one clause
+    worker_restarts: int = 0
+    env_restarts: float = 0.0
+    trajectories_discarded: float = 0.0
+    episodes: int = 0
+    returns100: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=100))
+    objectives100: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=100))
 
 
 class StopRequested(Exception):
@@ -208,10 +240,13 @@ def prepare_experiment(cfg: Config, explicit: set):
 class Runner:
     """learn=False swaps the learner for a sink that frees trajectories untouched,
     to measure the sampling system alone. `explicit` names the options the user
-    set, which the planner keeps."""
+    set, which the planner keeps. `earlier`: what the run counted before its
+    learner died, when this Runner restarts it (see train())."""
 
-    def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None):
+    def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None,
+                 earlier: Optional[Earlier] = None):
         self.learn = learn
+        self.earlier = earlier or Earlier()
         (cfg, self.plan, self.spec, self.obs_space, self.action_space, model, state,
          self.resume_path, self.precision) = prepare_experiment(cfg, explicit or set())
         self.cfg = cfg
@@ -231,9 +266,10 @@ class Runner:
         self.processes: list = []
         self.spawned: collections.Counter = collections.Counter()  # name -> processes started under it
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
-        self.returns100 = collections.deque(maxlen=100)
-        self.objectives100 = collections.deque(maxlen=100)
-        self.episodes = 0
+        self.returns100 = self.earlier.returns100
+        self.objectives100 = self.earlier.objectives100
+        self.episodes = self.earlier.episodes
+        self.learner_death: Optional[str] = None  # its cause, when the learner's death ended this run
         self.reached_reward_at: Optional[float] = None
         # The mean that crossed --stop_at_reward: episodes that end while the run
         # winds down still move the mean the summary reports at exit.
@@ -373,30 +409,32 @@ class Runner:
     def mean_return(self) -> float:
         return sum(self.returns100) / len(self.returns100) if self.returns100 else float("nan")
 
-    def _check_children(self) -> Optional[str]:
-        """A failure sentence (with the traceback when there is one), or None.
-        Rollout and policy workers killed by a signal or hung are restarted instead."""
+    def _check_children(self) -> Optional[Failure]:
+        """The failure that must end the run, or None. Rollout and policy workers
+        killed by a signal or hung are restarted instead."""
         try:
-            name, tb = self.error_queue.get(block=False)
-            return f"{name} failed:\n{tb}"
+            return _child_failure(*self.error_queue.get(block=False))
         except queue.Empty:
             pass
         for index, p in list(self.rollout_processes.items()):
             failure = self.supervisor.check(p, index)
             if failure:
-                return failure
+                return Failure(f"rollout-worker {index}", failure, failure)
         failure = self.supervisor.check_policy_workers()
         if failure:
-            return failure
+            return Failure("policy workers", failure, failure)
         for p in self.processes:
             if not p.is_alive():
                 time.sleep(0.2)  # its traceback may still be on its way
                 try:
-                    name, tb = self.error_queue.get(block=False)
-                    return f"{name} failed:\n{tb}"
+                    return _child_failure(*self.error_queue.get(block=False))
                 except queue.Empty:
-                    return f"{p.name} (pid {p.pid}) {exit_cause(p.exitcode)} and left no traceback."
+                    cause = exit_cause(p.exitcode)
+                    return Failure(p.name, cause, f"{p.name} (pid {p.pid}) {cause} and left no traceback.")
         return None
+
+    def restarts_left(self) -> int:
+        return self.cfg.max_restarts - self.earlier.learner_restarts
 
     def _should_stop(self, elapsed: float) -> Optional[str]:
         cfg = self.cfg
@@ -483,8 +521,15 @@ class Runner:
         self._drain(start, monitor)
         failure = self._check_children()
         if failure:
-            print(f"fastrl: {failure.rstrip()}\nfastrl: stopping the run.", file=sys.stderr, flush=True)
-            return 1, failure.splitlines()[0].rstrip(":.")
+            then = "stopping the run"
+            if failure.who == "learner":
+                self.learner_death = failure.cause
+                if self.restarts_left() > 0:
+                    then = "stopping the run to restart it from its newest good checkpoint"
+                elif self.cfg.max_restarts:
+                    then += f", as the {self.cfg.max_restarts} restarts --max_restarts allows are used up"
+            print(f"fastrl: {failure.text.rstrip()}\nfastrl: {then}.", file=sys.stderr, flush=True)
+            return 1, failure.text.splitlines()[0].rstrip(":.")
         if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
             self.training_since = time.time()
         if observer is not None:
@@ -545,12 +590,68 @@ class Runner:
             "samples_trained": self.ctx.board.get("learner", "samples_trained"),
             "samples_dropped": self.ctx.board.get("learner", "samples_dropped"),
             "learner_steps": self.ctx.board.get("learner", "learner_steps"),
-            "env_restarts": self.ctx.board.total("env_restarts", "rollout_"),
-            "trajectories_discarded": self.ctx.board.total("trajectories_discarded", "rollout_"),
+            "env_restarts": self.earlier.env_restarts + self.ctx.board.total("env_restarts", "rollout_"),
+            "trajectories_discarded": (self.earlier.trajectories_discarded
+                                       + self.ctx.board.total("trajectories_discarded", "rollout_")),
             "last_eval": self.last_eval,
             "plan": dataclasses.asdict(self.plan) if self.plan else None,
             "measured_trained_frames_per_s": self.measured_trained_steps_per_s() * self.spec.frameskip,
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
-            "worker_restarts": self.supervisor.total_restarts,
+            "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
+            "learner_restarts": self.earlier.learner_restarts,
         }
         write_json(os.path.join(self.cfg.experiment_dir, "summary.json"), summary, indent=2)
+
+    def carry(self) -> Earlier:
+        """What this run counted, for the Runner that restarts it after its learner died."""
+        board = self.ctx.board
+        return Earlier(
+            learner_restarts=self.earlier.learner_restarts + 1, death=self.learner_death,
+            worker_restarts=self.earlier.worker_restarts + self.supervisor.total_restarts,
+            env_restarts=self.earlier.env_restarts + board.total("env_restarts", "rollout_"),
+            trajectories_discarded=self.earlier.trajectories_discarded + board.total("trajectories_discarded",
+                                                                                     "rollout_"),
+            episodes=self.episodes, returns100=self.returns100, objectives100=self.objectives100)
+
+
+def train(cfg: Config, explicit: set) -> int:
+    """Train as `python -m fastrl.train` does and return its exit code. With
+    --max_restarts, a run whose learner died is started again from the newest good
+    checkpoint, as a resume would (every process anew: what a dead learner leaves
+    behind, a queue it held locked or a half-gathered batch, goes with the old ones).
+
+    Why the whole run and not the learner alone: the rollout workers' buffers hold
+    samples of policy versions the restored learner has not reached yet, and the
+    published weights are newer than its own; starting everything from the
+    checkpoint is the one state known to be consistent."""
+    earlier = Earlier()
+    while True:
+        runner = _restarted_runner(cfg, explicit, earlier)
+        if runner is None:
+            return 130
+        code = runner.run()
+        if runner.learner_death is None or runner.restarts_left() <= 0:
+            return code
+        earlier = runner.carry()
+        # The dead run's shared memory (buffers, queues) is freed only once its
+        # objects are, and the Runner and its supervisor point at each other.
+        del runner
+        gc.collect()
+        cfg = dataclasses.replace(cfg, restart=False)  # --restart would delete the checkpoint to restart from
+
+
+def _restarted_runner(cfg: Config, explicit: set, earlier: Earlier) -> Optional[Runner]:
+    """A Runner for the first run, or for a restart (then saying from where), or None
+    when Ctrl-C came while a restart was being prepared."""
+    if not earlier.learner_restarts:
+        return Runner(cfg, explicit=explicit)
+    try:
+        runner = Runner(cfg, explicit=explicit, earlier=earlier)
+    except KeyboardInterrupt:
+        print("fastrl: interrupted while restarting the run; its checkpoints are kept.", file=sys.stderr)
+        return None
+    where = (f"checkpoint {runner.resume_path} (frames {runner.frames_offset:,})" if runner.resume_path
+             else "the start, as the learner died before it wrote a checkpoint")
+    print(f"fastrl: the learner {earlier.death}; restarted the run from {where}, restart {earlier.learner_restarts} "
+          f"of {cfg.max_restarts} (--max_restarts).", flush=True)
+    return runner
