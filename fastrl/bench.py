@@ -192,7 +192,9 @@ class _Window:
     def __call__(self, runner, elapsed: float) -> None:
         board = runner.ctx.board
         if self.flowing_at is None:
-            started = all(board.get(r, "heartbeat") > 0 for r in board.row_names if r != "runner")
+            # A rollout worker beats while it makes its envs, so it has started once it steps them.
+            started = all(board.get(r, "env_steps" if r.startswith("rollout_") else "heartbeat") > 0
+                          for r in board.row_names if r != "runner")
             if not (started and board.get("learner", "samples_received") > 0):
                 return
             self.flowing_at = elapsed

@@ -119,7 +119,7 @@ class _Board:
         batches = int(self.now / self.batch_every_s) + 1
         if field in ("samples_received", "learner_steps"):
             return float(batches)
-        return 1.0 if field == "heartbeat" else 0.0
+        return 1.0 if field in ("heartbeat", "env_steps") else 0.0
 
 
 def test_the_window_reads_the_runs_cpu_at_batches_and_seldom_between(monkeypatch):

@@ -29,7 +29,7 @@ class FakeProcess:
         pass
 
 
-def _supervised(*processes):
+def _supervised(*processes, timeout_s: float = 3.0):
     """A supervisor over a stand-in runner with these policy workers; the runner's
     `replaced` lists, for each restart, the epoch then and whether an old one lived."""
     runner = SimpleNamespace(
@@ -43,7 +43,7 @@ def _supervised(*processes):
         runner.policy_processes = {i: FakeProcess() for i in runner.policy_processes}
 
     runner.replace_policy_workers = replace_policy_workers
-    return WorkerSupervisor(runner, heartbeat_timeout_s=3.0, max_restarts=MAX_RESTARTS), runner
+    return WorkerSupervisor(runner, heartbeat_timeout_s=timeout_s, max_restarts=MAX_RESTARTS), runner
 
 
 def test_a_policy_worker_that_raised_is_left_for_the_run_to_stop_on():
@@ -68,6 +68,18 @@ def test_a_silent_policy_worker_is_killed_and_restarted_but_one_starting_up_is_n
     assert supervisor.check_policy_workers() is None
     assert hung.exitcode == -9 and runner.replaced == [(1, False)]
     assert runner.ctx.board.get("policy_0", "heartbeat") == 0.0  # its successor is not judged by its beat
+
+
+def test_a_policy_worker_frozen_before_its_first_heartbeat_is_killed_and_restarted():
+    # Stuck while starting up (a model being built, an env being made), it never
+    # beats; judged only by its beats, it was never found silent and the run waited
+    # for it for good.
+    supervisor, runner = _supervised(FakeProcess(), timeout_s=0.2)
+    frozen = runner.policy_processes[0]
+    assert supervisor.check_policy_workers() is None  # just started: not silent yet
+    time.sleep(0.3)
+    assert supervisor.check_policy_workers() is None
+    assert frozen.exitcode == -9 and runner.replaced == [(1, False)]
 
 
 def test_a_policy_worker_dying_too_often_stops_the_run_naming_it():

@@ -32,14 +32,27 @@ class WorkerSupervisor:
         self.max_restarts = max_restarts  # per worker within RESTART_WINDOW_S
         self.restarts: dict = {}  # worker name -> restart times
         self.total_restarts = 0
+        self._first_seen: dict = {}  # worker process -> when a check first saw it
+
+    def _last_sign_of_life(self, process, row: str) -> float:
+        """Its last heartbeat or, before its first, when a check first saw it (its
+        start, to within a poll): a worker stuck starting up, in an env that is never
+        made, is as hung as one stuck later, and is given the same timeout. A worker
+        with a slow start beats as it goes (a rollout worker after each env made)."""
+        first = self._first_seen.setdefault(process, time.time())
+        beat = self.runner.ctx.board.get(row, "heartbeat")
+        return beat if beat > 0 else first
+
+    def _forget(self, processes) -> None:
+        for p in processes:
+            self._first_seen.pop(p, None)
 
     def _cause(self, process, row: str) -> str | None:
         """Why `process` must be replaced: it was killed by a signal, or it hung (and
         is killed here). None while it is well, or when it exited on its own, which
         the runner's failure check reports."""
-        beat = self.runner.ctx.board.get(row, "heartbeat")
         if process.is_alive():
-            if beat <= 0 or time.time() - beat <= self.timeout:
+            if time.time() - self._last_sign_of_life(process, row) <= self.timeout:
                 return None
             process.kill()
             process.join(5.0)
@@ -75,6 +88,7 @@ class WorkerSupervisor:
             ctx.free_queue.put_many(held, block=True, timeout=10.0)
         ctx.board.row(f"rollout_{index}").add("trajectories_discarded", len(held))
         ctx.board.row(f"rollout_{index}").set("heartbeat", 0.0)
+        self._forget([process])
         _drain(ctx.response_queues[index] if ctx.response_queues else None)
         self.runner.replace_rollout_worker(process, index)
         print(f"fastrl: rollout-worker {index} {cause}; restarted it with fresh envs "
@@ -101,6 +115,7 @@ class WorkerSupervisor:
         ctx.inference_epoch += 1
         for i in processes:
             ctx.board.row(f"policy_{i}").set("heartbeat", 0.0)
+        self._forget(processes.values())
         self.runner.replace_policy_workers()
         which = f"all {len(processes)} policy workers" if len(processes) > 1 else "it"
         print(f"fastrl: policy-worker {index} {cause}; restarted {which}, and the rollout workers "

@@ -24,7 +24,7 @@ class SplitEnvs:
     """
 
     def __init__(self, spec, env_options: dict, seeds: list, np_views: dict, action_spec,
-                 max_consecutive_failures: int = 3):
+                 max_consecutive_failures: int = 3, on_env_made=lambda: None):
         self._spec = spec
         self._options = env_options
         self._seeds = list(seeds)
@@ -32,7 +32,10 @@ class SplitEnvs:
         self._action_spec = action_spec
         self._max_failures = max_consecutive_failures
         self.n = len(seeds)
-        self.envs = [self._make(i) for i in range(self.n)]
+        self.envs = []
+        for i in range(self.n):
+            self.envs.append(self._make(i))
+            on_env_made()  # making many slow envs (ViZDoom games) is progress, not a hang
         self.episode_return = np.zeros(self.n)
         self.episode_length = np.zeros(self.n, dtype=np.int64)
         self._last_obs = [None] * self.n

@@ -48,7 +48,8 @@ class RolloutWorker:
         self.splits = []
         for s in range(cfg.num_splits):
             seeds = [env_seed(worker_seed, s * n + i) for i in range(n)]
-            self.splits.append(SplitEnvs(self.spec, env_options(cfg), seeds, self.views, ctx.action_spec))
+            self.splits.append(SplitEnvs(self.spec, env_options(cfg), seeds, self.views, ctx.action_spec,
+                                         on_env_made=self.row.beat))
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
         self.t = [0] * cfg.num_splits  # step within it
         self._last_flush = time.time()
