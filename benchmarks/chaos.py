@@ -18,12 +18,15 @@ does one of:
              restart it
 The kinds come in shuffled rounds, so that each is tried about as often.
 
-One fault at a time: after each, chaos waits until the run has recovered (the
-run's restart line and a new process under the title, or for an engine a new
-engine under the same worker) before it waits for the next. Each recovery is
-then the fault's own, and one that never comes is named, rather than missing
-from a total. What this does not test is faults that overlap (a worker killed
-while another restarts).
+Faults overlap, as they would in life (a worker killed while another restarts),
+but never two in one slot: a rollout worker and its engines are one slot, the
+policy workers together another (a policy-worker fault restarts them all). A
+slot is busy from its fault until the run recovered from it: the run's restart
+line and a new process under the title, or for an engine a new engine under the
+same worker (or, if the engine's death took its worker down, the worker's
+restart). Each recovery is then the fault's own, and one that never comes is
+named, rather than missing from a total. With two rollout workers, the fault
+rate is what the run's recoveries leave room for: --mean_interval_s is a floor.
 
 After the last fault the run trains for 20 s untouched, and chaos stops it with
 SIGINT as Ctrl-C would. The checks:
@@ -34,8 +37,9 @@ SIGINT as Ctrl-C would. The checks:
     hangs      no worker went silent that chaos had not stopped
     stop       the run exited with 130 (SIGINT) within --stop_timeout_s
     leftovers  no process of the run alive 10 s after it exited, and no new
-               /dev/shm entry of its own (other programs' ViZDoom games are not
-               its: their segments carry instance ids its engines never had)
+               /dev/shm entry of its own (not one that a live process maps, nor
+               other programs' ViZDoom segments, whose instance ids its engines
+               never had)
 It prints a one-screen report, writes it to --json if asked, and exits 1 when a
 check fails.
 
@@ -94,6 +98,16 @@ class Fault:
     line_index: int  # output lines before it: its restart line comes after
     engines_before: frozenset = frozenset()
     recovered_s: Optional[float] = None
+    healed_by: str = ""  # "restart" (the supervisor's) or "new engine" (the env's own)
+
+    @property
+    def slot(self) -> str:
+        return slot_of(self.target)
+
+
+def slot_of(target: str) -> str:
+    """What a fault on `target` keeps busy until the run has recovered from it."""
+    return "policy workers" if target.startswith("fastrl: policy-worker") else target
 
 
 class TrainRun:
@@ -220,9 +234,10 @@ def shm_entries() -> set:
 
 
 def new_shm_of(run: TrainRun) -> list:
-    """/dev/shm entries that appeared while the run ran and are still there a second
-    later (another program's entry may be caught between its creation and its
-    unlink), less ViZDoom segments of games that were not the run's."""
+    """/dev/shm entries left by the run: those that appeared while it ran, are still
+    there a second later (another program's may be caught between its creation and
+    its unlink) and that no live process maps (the run is over, so one mapped is
+    another program's), less ViZDoom segments of games that were not the run's."""
     def ours(name: str) -> bool:
         return not name.startswith("ViZDoom") or any(name.endswith(i) for i in run.instance_ids)
 
@@ -230,7 +245,19 @@ def new_shm_of(run: TrainRun) -> list:
     if new:
         time.sleep(1.0)
         new &= shm_entries()
-    return sorted(new)
+    return sorted(new - shm_mapped_by_anyone())
+
+
+def shm_mapped_by_anyone() -> set:
+    """Names of the /dev/shm entries some live process maps."""
+    names = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                names.update(line.split("/dev/shm/", 1)[1].split()[0] for line in fh if "/dev/shm/" in line)
+        except OSError:
+            pass
+    return names
 
 
 # -- faults -----------------------------------------------------------------------------
@@ -243,10 +270,10 @@ def kinds_deck(env: str, rng: random.Random):
         yield from kinds
 
 
-def inject(run: TrainRun, kind: str, rng: random.Random) -> Optional[Fault]:
-    """Cause one fault of `kind`; None when it has no target right now (a worker
-    still starting, an engine between two games)."""
-    workers = run.titled(*TARGETS[kind])
+def inject(run: TrainRun, kind: str, rng: random.Random, busy: set) -> Optional[Fault]:
+    """Cause one fault of `kind` outside the `busy` slots; None when it has no target
+    right now (every slot busy, a worker still starting, no engine running)."""
+    workers = [w for w in run.titled(*TARGETS[kind]) if slot_of(title(w)) not in busy]
     if kind == "engine":
         return _kill_engine(run, workers, rng)
     if not workers:
@@ -274,16 +301,34 @@ def _kill_engine(run: TrainRun, workers: list, rng: random.Random) -> Optional[F
     return fault
 
 
-def recovered(run: TrainRun, fault: Fault) -> bool:
-    """Whether the run has healed from `fault`: a killed or stopped worker was
-    restarted (its restart line, and a new process under its title), a killed engine
-    replaced by a new one under the same, still living, worker."""
+def healed_by(run: TrainRun, fault: Fault) -> str:
+    """How the run has healed from `fault` so far: "restart" once the supervisor
+    restarted the worker (its restart line, and a new process under its title),
+    "new engine" once a killed engine's worker, still alive, runs a new one; "" before."""
     if fault.kind == "engine":
         owner = [w for w in run.titled(fault.target) if w.pid == fault.pid]
-        return bool(owner) and any(e.pid not in fault.engines_before for e in run.engines_of(owner[0]))
+        if owner and any(e.pid not in fault.engines_before for e in run.engines_of(owner[0])):
+            return "new engine"
     name = fault.target.removeprefix("fastrl: ")
     said = any((m := RESTART.match(line)) and m.group(1) == name for line in run.lines[fault.line_index:])
-    return said and any(p.pid != fault.pid and title(p) == fault.target for p in run.titled(fault.target))
+    if said and any(p.pid != fault.pid and title(p) == fault.target for p in run.titled(fault.target)):
+        return "restart"
+    return ""
+
+
+def settled(run: TrainRun, fault: Fault, args) -> bool:
+    """Whether `fault` is over: healed (noting how and how fast), or past its time
+    limit (saying so)."""
+    fault.healed_by = healed_by(run, fault)
+    if fault.healed_by:
+        fault.recovered_s = time.time() - fault.at
+        return True
+    limit = args.recover_s + (args.hang_timeout_s if fault.kind == "hang" else 0.0)
+    if time.time() - fault.at > limit:
+        print(f"chaos: the run did not recover from the {fault.kind} fault of {fault.target} "
+              f"(pid {fault.pid}) within {limit:g} s", flush=True)
+        return True
+    return False
 
 
 def unexpected_hangs(run: TrainRun, faults: list) -> list:
@@ -305,28 +350,23 @@ def unexpected_hangs(run: TrainRun, faults: list) -> list:
 
 
 def chaos(run: TrainRun, args, rng: random.Random) -> list:
-    """Faults one at a time until --minutes have passed, each waited out to its recovery."""
-    faults, deck = [], kinds_deck(args.env, rng)
+    """Faults at random intervals for --minutes, then the wait for the last ones to settle."""
+    faults, pending, deck = [], [], kinds_deck(args.env, rng)
     end = time.time() + args.minutes * 60.0
-    while time.time() < end and run.alive():
-        run.sleep(min(rng.expovariate(1.0 / args.mean_interval_s), max(0.0, end - time.time())))
-        if time.time() >= end:
-            break
-        fault = inject(run, next(deck), rng)
-        if fault is None:
+    next_at = time.time() + rng.expovariate(1.0 / args.mean_interval_s)
+    while run.alive() and (time.time() < end or pending):
+        run.sleep(0.25)
+        pending = [f for f in pending if not settled(run, f, args)]
+        if not next_at <= time.time() < end:
             continue
-        faults.append(fault)
-        limit = args.recover_s + (args.hang_timeout_s if fault.kind == "hang" else 0.0)
-        if run.wait_until(lambda f=fault: recovered(run, f), limit):
-            fault.recovered_s = time.time() - fault.at
-        else:
-            print(f"chaos: the run did not recover from the {fault.kind} fault of {fault.target} "
-                  f"(pid {fault.pid}) within {limit:g} s", flush=True)
-            if not run.alive():
-                break
-        if len(faults) % 10 == 0:
-            healed = sum(f.recovered_s is not None for f in faults)
-            print(f"chaos: {len(faults)} faults, {healed} recovered", flush=True)
+        fault = inject(run, next(deck), rng, busy={f.slot for f in pending})
+        next_at = time.time() + rng.expovariate(1.0 / args.mean_interval_s)
+        if fault is not None:
+            faults.append(fault)
+            pending.append(fault)
+            if len(faults) % 20 == 0:
+                healed = sum(f.recovered_s is not None for f in faults)
+                print(f"chaos: {len(faults)} faults, {healed} recovered, {len(pending)} under way", flush=True)
     return faults
 
 
@@ -384,11 +424,12 @@ def check_results(run: TrainRun, faults: list, summary: dict, stopped: tuple, ar
     """name -> {"ok": bool, "text": what was found}."""
     by_kind = {k: sum(f.kind == k for f in faults) for k in KINDS}
     unrecovered = [f for f in faults if f.recovered_s is None]
-    restarts_expected = by_kind["rollout"] + by_kind["policy"] + by_kind["hang"]
+    restarts_expected = sum(f.healed_by == "restart" for f in faults)
+    new_engines = sum(f.healed_by == "new engine" for f in faults)
     worker_restarts, env_restarts = summary.get("worker_restarts"), summary.get("env_restarts")
     hangs = unexpected_hangs(run, faults)
     # A restart of an unexpected hang is counted too, but as a hang, not here.
-    counters_agree = worker_restarts == restarts_expected + len(hangs) and (env_restarts or 0) >= by_kind["engine"]
+    counters_agree = worker_restarts == restarts_expected + len(hangs) and (env_restarts or 0) >= new_engines
     frames0, frames1 = frames_over_last(run, SETTLE_S)
     code, took = stopped
     left = [f"{p.pid} {title(p)[:60]}" for p in run.still_alive()]
@@ -402,7 +443,7 @@ def check_results(run: TrainRun, faults: list, summary: dict, stopped: tuple, ar
                               + (f" (not: {', '.join(f'{f.kind} {f.target}' for f in unrecovered[:3])})"
                                  if unrecovered else "")
                               + f"; summary.json worker_restarts {worker_restarts} (expected {restarts_expected}),"
-                                f" env_restarts {env_restarts} (engine kills {by_kind['engine']})"},
+                                f" env_restarts {env_restarts} (engines replaced {new_engines})"},
         "hangs": {"ok": not hangs, "text": f"{len(hangs)}" + (f": {hangs[0]}" if hangs else "")},
         "training": {"ok": frames1 > frames0,
                      "text": f"frames {frames0:,} -> {frames1:,} over the last {SETTLE_S:g} s before the stop"},
@@ -428,11 +469,13 @@ def print_report(args, checks: dict, faults: list, fps: tuple, run: TrainRun) ->
     before, during = fps
     ratio = f" ({during / before:.0%} of before)" if before and during is not None else ""
     restart_lines = sum(RESTART.match(line) is not None for line in run.lines)
+    took_worker = sum(f.kind == "engine" and f.healed_by == "restart" for f in faults)
+    took_worker = f"; {took_worker} engine kills took their worker down with them" if took_worker else ""
     print(f"\nchaos: {args.env}, {args.minutes:g} min of faults, mean interval {args.mean_interval_s:g} s, "
           f"hang timeout {args.hang_timeout_s:g} s, seed {args.seed}")
     print(f"  faults       {checks['faults']['text']}")
     print(f"  recovered    {checks['recovered']['text']}")
-    print(f"  recovery     {recovery_times(faults)}; restart lines printed by the run: {restart_lines}")
+    print(f"  recovery     {recovery_times(faults)}; restart lines printed by the run: {restart_lines}{took_worker}")
     print(f"  hangs        {checks['hangs']['text']}")
     print(f"  training     {checks['training']['text']}")
     print(f"  frames/s     before chaos {_rate(before)}, during chaos {_rate(during)}{ratio}")
@@ -515,8 +558,8 @@ def parse_args(argv: list) -> tuple:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="doom_basic", help="doom_basic (engines to kill too), CartPole-v1, ...")
     parser.add_argument("--minutes", type=float, default=10.0, help="how long faults come")
-    parser.add_argument("--mean_interval_s", type=float, default=2.0,
-                        help="mean wait between a recovery and the next fault")
+    parser.add_argument("--mean_interval_s", type=float, default=1.5,
+                        help="mean wait between two faults (longer while every slot is still recovering)")
     parser.add_argument("--hang_timeout_s", type=float, default=10.0,
                         help="the run's --worker_timeout_seconds: how long a stopped worker stays stopped")
     parser.add_argument("--recover_s", type=float, default=60.0,
