@@ -35,7 +35,7 @@ def _supervised(*processes, timeout_s: float = 3.0):
     runner = SimpleNamespace(
         ctx=SimpleNamespace(board=StatsBoard([f"policy_{i}" for i in range(len(processes))]),
                             inference_epoch=torch.zeros(1, dtype=torch.int64)),
-        policy_processes=dict(enumerate(processes)), replaced=[])
+        policy_processes=dict(enumerate(processes)), rollout_processes={}, replaced=[])
 
     def replace_policy_workers():
         old = runner.policy_processes.values()
@@ -80,6 +80,16 @@ def test_a_policy_worker_frozen_before_its_first_heartbeat_is_killed_and_restart
     time.sleep(0.3)
     assert supervisor.check_policy_workers() is None
     assert frozen.exitcode == -9 and runner.replaced == [(1, False)]
+
+
+def test_a_worker_killed_since_its_check_is_left_for_the_next_not_taken_for_a_failure():
+    # Found by chaos.py: a rollout worker killed while a policy-worker restart took
+    # seconds was seen dead by the runner's look for dead children, which stopped the run.
+    supervisor, runner = _supervised(FakeProcess(exitcode=-9))
+    assert supervisor.will_restart(runner.policy_processes[0])
+    assert not supervisor.will_restart(FakeProcess(exitcode=-9))  # not a worker: the learner, say
+    runner.policy_processes[0].exitcode = 1
+    assert not supervisor.will_restart(runner.policy_processes[0])  # it raised: the run stops with its traceback
 
 
 def test_a_policy_worker_dying_too_often_stops_the_run_naming_it():

@@ -424,7 +424,7 @@ class Runner:
         if failure:
             return Failure("policy workers", failure, failure)
         for p in self.processes:
-            if not p.is_alive():
+            if not p.is_alive() and not self.supervisor.will_restart(p):
                 time.sleep(0.2)  # its traceback may still be on its way
                 try:
                     return _child_failure(*self.error_queue.get(block=False))

@@ -61,6 +61,14 @@ class WorkerSupervisor:
             return f"was killed by signal {-process.exitcode}"
         return None
 
+    def will_restart(self, process) -> bool:
+        """Whether `process` is a worker killed by a signal, which a check restarts.
+        The runner's look for dead children must leave it alone: a worker that died
+        after its own check, while another's restart took seconds, is this
+        supervisor's to restart at the next poll, not a failure that ends the run."""
+        workers = [*self.runner.rollout_processes.values(), *self.runner.policy_processes.values()]
+        return process in workers and process.exitcode is not None and process.exitcode < 0
+
     def _too_many(self, name: str, cause: str) -> str | None:
         """Count a restart of `name`; a failure sentence when it dies too often to go on."""
         now = time.time()
