@@ -12,7 +12,9 @@ does one of:
     rollout  SIGKILL a random rollout worker ("fastrl: rollout-worker i")
     policy   SIGKILL a random policy worker ("fastrl: policy-worker i")
     engine   SIGKILL a random ViZDoom engine, a rollout worker's `vizdoom` child
-             (Doom envs only)
+             (Doom envs only), of a worker that runs all its games: one still
+             making them would make new engines anyway, which would hide
+             whether the killed one was replaced
     hang     SIGSTOP a random rollout or policy worker and leave it stopped: the
              supervisor must find it silent past --hang_timeout_s, kill it and
              restart it
@@ -74,6 +76,7 @@ LEFTOVER_GRACE_S = 10.0
 # Far above what any chaos run kills: the budget must never be what stops the run.
 WORKER_RESTART_BUDGET = 1_000_000
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames ([\d,]+) ")
+LAYOUT = re.compile(r"^fastrl: training \S+ with \d+ rollout workers x (\d+) envs")
 RESTART = re.compile(r"^fastrl: ((?:rollout|policy)-worker \d+) (was killed by signal \d+|sent no heartbeat for .*?); "
                      r"restarted")
 KINDS = ("rollout", "policy", "engine", "hang")
@@ -125,6 +128,7 @@ class TrainRun:
         self.points: list = []
         self.seen: set = set()  # (pid, create_time) of every descendant seen
         self.instance_ids: set = set()  # of every ViZDoom engine seen
+        self.envs_per_worker = 0  # as the run says once it starts
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -141,6 +145,9 @@ class TrainRun:
                 break
             self.lines.append(line)
             self.log.write(line + "\n")
+            layout = LAYOUT.match(line)
+            if layout:
+                self.envs_per_worker = int(layout.group(1))
             match = STATUS.match(line)
             if match:
                 frames = int(match.group(2).replace(",", ""))
@@ -288,7 +295,8 @@ def inject(run: TrainRun, kind: str, rng: random.Random, busy: set) -> Optional[
 
 
 def _kill_engine(run: TrainRun, workers: list, rng: random.Random) -> Optional[Fault]:
-    owners = [(w, engines) for w, engines in ((w, run.engines_of(w)) for w in workers) if engines]
+    owners = [(w, engines) for w, engines in ((w, run.engines_of(w)) for w in workers)
+              if engines and len(engines) == run.envs_per_worker]
     if not owners:
         return None
     worker, engines = rng.choice(owners)
@@ -304,10 +312,12 @@ def _kill_engine(run: TrainRun, workers: list, rng: random.Random) -> Optional[F
 def healed_by(run: TrainRun, fault: Fault) -> str:
     """How the run has healed from `fault` so far: "restart" once the supervisor
     restarted the worker (its restart line, and a new process under its title),
-    "new engine" once a killed engine's worker, still alive, runs a new one; "" before."""
+    "new engine" once a killed engine's worker, still alive, runs all its games
+    again, one of them new; "" before."""
     if fault.kind == "engine":
         owner = [w for w in run.titled(fault.target) if w.pid == fault.pid]
-        if owner and any(e.pid not in fault.engines_before for e in run.engines_of(owner[0])):
+        engines = {e.pid for e in run.engines_of(owner[0])} if owner else set()
+        if len(engines) == run.envs_per_worker and engines - fault.engines_before:
             return "new engine"
     name = fault.target.removeprefix("fastrl: ")
     said = any((m := RESTART.match(line)) and m.group(1) == name for line in run.lines[fault.line_index:])
@@ -437,7 +447,7 @@ def check_results(run: TrainRun, faults: list, summary: dict, stopped: tuple, ar
     return {
         "faults": {"ok": bool(faults), "text": f"{len(faults)} ("
                    + ", ".join(f"{k} {n}" for k, n in by_kind.items() if k != "engine" or args.env.startswith("doom_"))
-                   + ")"},
+                   + f"): {len(faults) - by_kind['hang']} SIGKILLs in {args.minutes:g} min"},
         "recovered": {"ok": not unrecovered and counters_agree,
                       "text": f"{len(faults) - len(unrecovered)} of {len(faults)}"
                               + (f" (not: {', '.join(f'{f.kind} {f.target}' for f in unrecovered[:3])})"
