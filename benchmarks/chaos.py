@@ -18,7 +18,9 @@ does one of:
     hang     SIGSTOP a random rollout or policy worker and leave it stopped: the
              supervisor must find it silent past --hang_timeout_s, kill it and
              restart it
-The kinds come in shuffled rounds, so that each is tried about as often.
+The kinds come in shuffled rounds; one with no target at its turn (its slots
+all busy, no worker running all its games) is skipped for the next, so under
+heavy chaos the faults that need a settled run come less often than hangs.
 
 Faults overlap, as they would in life (a worker killed while another restarts),
 but never two in one slot: a rollout worker and its engines are one slot, the
