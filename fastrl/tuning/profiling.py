@@ -570,8 +570,10 @@ def cached_costs(cfg, env, seconds: float, precision: Precision) -> tuple:
     changed: --plan auto after deleting the file, or the bench CLI, measures afresh."""
     setup_keys = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
                   "pin_workers")
+    # The cores this process may use are part of the setup: a profile taken on the whole
+    # machine would plan a torchrun rank (or a taskset run) on its share for all of it.
     path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys},
-                       "precision": [precision.acting, precision.learning]})
+                       "precision": [precision.acting, precision.learning], "usable_cores": usable_cores()})
     try:
         with open(path) as fh:
             data = json.load(fh)
