@@ -1,8 +1,9 @@
 """Seeds for a run's random streams, every one derived from --seed.
 
 Each child process gets a seed of its own from (--seed, its name, the env frame the
-run starts from, how many times a process of that name was started); inside it,
-torch's sampling and every env's episodes draw from that seed. Hence:
+run starts from, how many times a process of that name was started, its torchrun
+rank); inside it, torch's sampling and every env's episodes draw from that seed.
+Hence:
 
 - runs with the same --seed start alike, and runs with different seeds differ in
   everything random: the action noise too, not only the envs and the initial weights.
@@ -11,7 +12,12 @@ torch's sampling and every env's episodes draw from that seed. Hence:
   stream, whatever --seed said;
 - a run resumed from a checkpoint, or a rollout worker restarted after a crash,
   goes on with fresh episodes and fresh noise instead of replaying the ones its
-  predecessor had.
+  predecessor had;
+- the ranks of a torchrun launch (fastrl.plumbing.ranks) step different episodes:
+  each rank's children draw from seeds of their own, rank 0's being those of a run
+  of one, so that adding ranks adds experience rather than copies of it. The
+  initial weights are not among them: the runner seeds those with --seed alone, so
+  every rank builds the same ones (and the learners start from rank 0's all the same).
 
 numpy's SeedSequence hashes its inputs, so neighbouring inputs (seed 0 and 1, env 5
 and 6) give unrelated seeds rather than overlapping ranges of them.
@@ -36,11 +42,13 @@ def derive_seed(parent: int, *keys: int) -> int:
     return int(state[0]) >> (32 - SEED_BITS)
 
 
-def process_seed(run_seed: int, name: str, start_frames: int, incarnation: int) -> int:
+def process_seed(run_seed: int, name: str, start_frames: int, incarnation: int, rank: int = 0) -> int:
     """The seed of child process `name` ("rollout-worker 3") started for the
-    `incarnation`-th time (0 first) in a run of --seed `run_seed` that starts (or
-    resumes) at env frame `start_frames`."""
-    return derive_seed(run_seed, zlib.crc32(name.encode()), start_frames, incarnation)
+    `incarnation`-th time (0 first) on torchrun rank `rank` in a run of --seed
+    `run_seed` that starts (or resumes) at env frame `start_frames`. Rank 0 takes the
+    seeds a run without torchrun takes."""
+    keys = (zlib.crc32(name.encode()), start_frames, incarnation) + ((rank,) if rank else ())
+    return derive_seed(run_seed, *keys)
 
 
 def env_seed(worker_seed: int, env_index: int) -> int:

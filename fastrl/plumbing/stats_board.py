@@ -17,6 +17,7 @@ FIELDS = (
     "busy_s",             # seconds computing (env steps, forward, backward)
     "wait_s",             # seconds blocked waiting for work or for a free buffer
     "comm_s",             # seconds moving data: queue ops, copies in and out of shared memory
+    "sync_s",             # seconds in collectives with the other torchrun ranks, waits for them included (learner)
     "samples_received",   # samples taken from the trajectory queue (learner)
     "samples_trained",    # samples that contributed to a gradient step (learner)
     "samples_dropped",    # samples masked out for policy lag past max_policy_lag (learner)
@@ -28,6 +29,7 @@ FIELDS = (
     "policy_reloads",     # times new params were copied in (inference)
     "inference_batches",  # forward passes run (inference)
     "inference_samples",  # samples in them
+    "episodes",           # episodes finished (runner)
 )
 _COL = {name: i for i, name in enumerate(FIELDS)}
 

@@ -1,0 +1,177 @@
+"""Where this process stands among the ranks of a torchrun launch, the share of the
+machine it takes, and the counters the ranks add up to.
+
+`torchrun --nproc_per_node N -m fastrl.train ...` starts N copies of the command and
+tells each which it is through environment variables (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; TORCHELASTIC_RESTART_COUNT once it has
+restarted them). Each rank is a whole fastrl run, its own runner, rollout workers,
+inference and learner; only the learners talk to each other
+(`fastrl.plumbing.collectives`). Without those variables, or with a WORLD_SIZE of 1,
+a run is what it always was.
+
+Ranks on one machine split its cores (`claim_cores`) instead of each planning for
+all of them: N planners that each count every core would start N times the processes
+the machine has cores for, and each would time its costs against the others' load.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_SYS_CPU = "/sys/devices/system/cpu"
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    restarts: int = 0  # how many times torchrun restarted every rank (--max_restarts)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 reports for the run: the status line, TensorBoard, W&B, checkpoints, summary.json."""
+        return self.rank == 0
+
+    def name(self) -> str:
+        """'rank 1' in a multi-rank run, '' in a run of one: the prefix a rank's messages carry."""
+        return f"rank {self.rank}" if self.distributed else ""
+
+
+SOLO = Rank()
+
+
+class RankError(ValueError):
+    """torchrun's variables are incomplete or make no sense; the message says what to do."""
+
+
+def detect_rank(environ: Optional[dict] = None) -> Rank:
+    """This process's Rank, from torchrun's environment variables (SOLO without them)."""
+    env = os.environ if environ is None else environ
+    restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+    if int(env.get("WORLD_SIZE", 1) or 1) <= 1:
+        return Rank(restarts=restarts)
+    missing = [name for name in TORCHRUN_VARS if not env.get(name)]
+    if missing:
+        raise RankError(f"WORLD_SIZE is {env['WORLD_SIZE']} but {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not set; "
+                        "start a multi-rank run with torchrun, or unset WORLD_SIZE to train alone.")
+    rank = Rank(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), local_rank=int(env["LOCAL_RANK"]),
+                local_world_size=int(env["LOCAL_WORLD_SIZE"]), restarts=restarts)
+    if not (0 <= rank.rank < rank.world_size and 0 <= rank.local_rank < rank.local_world_size <= rank.world_size):
+        raise RankError(f"torchrun's variables are inconsistent ({rank}); launch through torchrun rather than "
+                        "setting them by hand.")
+    return rank
+
+
+# --------------------------------------------------------------------------------------
+# Each rank's share of the machine
+
+def _physical_cores(cpus: List[int], sys_cpu: str = _SYS_CPU) -> List[List[int]]:
+    """`cpus` grouped by the physical core they run on (hyperthread siblings together),
+    groups in the order of their lowest cpu; one group per cpu where sysfs does not say."""
+    groups: Dict[tuple, List[int]] = {}
+    for cpu in cpus:
+        try:
+            with open(f"{sys_cpu}/cpu{cpu}/topology/physical_package_id") as fh:
+                package = fh.read().strip()
+            with open(f"{sys_cpu}/cpu{cpu}/topology/core_id") as fh:
+                core = fh.read().strip()
+            key = (package, core)
+        except OSError:
+            key = ("cpu", str(cpu))
+        groups.setdefault(key, []).append(cpu)
+    return sorted(groups.values(), key=min)
+
+
+def core_share(cpus: List[int], physical: List[List[int]], local_rank: int, local_world_size: int) -> List[int]:
+    """The cpus of `cpus` (grouped by physical core in `physical`) that local rank
+    `local_rank` of `local_world_size` takes: whole physical cores where there are
+    enough, so that two ranks never share one through its hyperthreads (Linux often
+    numbers a core's siblings N apart, so contiguous cpu numbers would pair them up);
+    single cpus where there are fewer cores than ranks; and one cpu shared round-robin
+    where there are fewer cpus than ranks. Counts that do not divide evenly give the
+    later ranks one more."""
+    n = local_world_size
+    if len(physical) >= n:
+        mine = physical[local_rank * len(physical) // n:(local_rank + 1) * len(physical) // n]
+        return sorted(cpu for group in mine for cpu in group)
+    if len(cpus) >= n:
+        return cpus[local_rank * len(cpus) // n:(local_rank + 1) * len(cpus) // n]
+    return [cpus[local_rank % len(cpus)]]
+
+
+def claim_cores(rank: Rank) -> Optional[List[int]]:
+    """Confine this process, and every process it starts from now on, to its rank's
+    share of the cores it may use, so that the planner's `usable_cores()` counts that
+    share. Returns the cpus claimed, or None when this is the only rank on the machine
+    (or affinity cannot be set). Call it before the process server starts: children
+    inherit the affinity of the process they are forked from."""
+    if rank.local_world_size <= 1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    share = core_share(cpus, _physical_cores(cpus), rank.local_rank, rank.local_world_size)
+    try:
+        os.sched_setaffinity(0, share)
+    except OSError:
+        return None  # a sandbox that forbids it: the ranks then share every core
+    return share
+
+
+# --------------------------------------------------------------------------------------
+# What the ranks add up to
+
+# Each counter the ranks sum, and the stats-board rows (by name prefix) it is summed
+# from on each rank.
+SUMMED = {
+    "env_frames": "rollout_",
+    "episodes": "runner",
+    "samples_trained": "learner",
+    "samples_dropped": "learner",
+    "env_restarts": "rollout_",
+    "trajectories_discarded": "rollout_",
+}
+
+
+class RunTotals:
+    """The run's counters summed over every rank, and whether a rank asked the run to
+    stop: shared memory that a rank's learner writes after each agreement with the
+    other ranks (once per batch) and its runner and evaluator read.
+
+    In a run of one there are no other ranks, and `count` reads the stats board."""
+
+    def __init__(self):
+        self._values = torch.zeros(len(SUMMED) + 1, dtype=torch.float64).share_memory_()
+
+    def write(self, summed: torch.Tensor, stop_requested: bool) -> None:
+        """summed: float64 [len(SUMMED)], in SUMMED's order."""
+        self._values[:-1] = summed
+        if stop_requested:
+            self._values[-1] = 1.0
+
+    def get(self, field: str) -> float:
+        return float(self._values[list(SUMMED).index(field)])
+
+    def stop_requested(self) -> bool:
+        """Whether the ranks agreed to stop: the learner has left, or is leaving, the loop."""
+        return bool(self._values[-1])
+
+
+def local_counts(board) -> torch.Tensor:
+    """This rank's SUMMED counters from its stats board, float64 [len(SUMMED)]."""
+    return torch.tensor([board.total(field, prefix) for field, prefix in SUMMED.items()], dtype=torch.float64)
+
+
+def run_count(board, totals: Optional[RunTotals], field: str) -> float:
+    """A SUMMED counter of the whole run: every rank's (as of the latest agreement) with
+    `totals`, this process's board without."""
+    return totals.get(field) if totals is not None else board.total(field, SUMMED[field])
