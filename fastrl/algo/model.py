@@ -24,7 +24,7 @@ caller's role was given (`Precision`, which fastrl.tuning.precision decides);
 
 import copy
 import math
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -133,14 +133,27 @@ class RunningNorm(nn.Module):
         self.register_buffer("count", torch.zeros(()))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Merge a batch x [..., *shape] into the statistics (parallel-variance formula)."""
+    def update(self, x: torch.Tensor, reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+        """Merge a batch x [..., *shape] into the statistics (parallel-variance formula).
+
+        reduce: sums a float64 tensor over the ranks of a multi-rank run, in place, so
+        that the batch merged is every rank's batch together (all of them then hold the
+        same statistics); each rank must call it, whether its own batch is empty or
+        not. The batch goes in as its count and the sums of x and x^2 taken about the
+        running mean: sums add up across ranks where means and variances do not, and
+        about a point near the mean the squares lose no precision to cancellation."""
         x = x.reshape(-1, *self.mean.shape).double()  # float64: sums of many samples
-        n = x.shape[0]
+        shift = self.mean.double()
+        d = x - shift
+        moments = torch.cat([d.new_full((1,), x.shape[0]), d.sum(dim=0).reshape(-1), d.square().sum(dim=0).reshape(-1)])
+        if reduce is not None:
+            moments = reduce(moments)
+        n = float(moments[0])
         if n == 0:
             return
-        batch_mean = x.mean(dim=0)
-        batch_var = x.var(dim=0, unbiased=False)
+        d_sum, d_sq = moments[1:].view(2, *self.mean.shape).unbind(0)
+        batch_mean = shift + d_sum / n
+        batch_var = (d_sq / n - (d_sum / n).square()).clamp(min=0.0)
         count = self.count.double()
         total = count + n
         delta = batch_mean - self.mean.double()
@@ -551,10 +564,12 @@ class ActorCritic(nn.Module):
         core_out, _ = self._core_step(self._encode(obs), rnn_state)
         return self._values(obs, core_out)
 
-    def update_normalizer(self, obs: Dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None) -> None:
+    def update_normalizer(self, obs: Dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None,
+                          reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
         """Fold a batch {key: [*lead, *shape]} into the running observation statistics.
 
         keep: bool [*lead], the samples to fold in (all of them when None).
+        reduce: the ranks' sum, as RunningNorm.update takes it.
 
         Vector keys and images are normalised (discrete keys are one-hot encoded and
         are not); a model built without normalize_obs ignores the call, so the learner
@@ -580,7 +595,7 @@ class ActorCritic(nn.Module):
                 if available > IMAGE_NORM_ROWS:
                     pick = torch.randperm(available, device=rows.device)[:IMAGE_NORM_ROWS]
                     index = pick if index is None else index[pick]
-            encoder.norm.update(rows if index is None else rows.index_select(0, index))
+            encoder.norm.update(rows if index is None else rows.index_select(0, index), reduce)
 
 
 def _float_tensors(model: nn.Module) -> List[torch.Tensor]:
