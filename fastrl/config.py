@@ -38,7 +38,7 @@ class Config:
     device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
 
     # --- processes --------------------------------------------------------------------
-    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs.")
+    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs (per rank under torchrun).")
     num_envs_per_worker: int = _opt(32, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering).")
     inference: str = _opt(
         "local",
@@ -66,7 +66,8 @@ class Config:
 
     # --- algorithm: APPO ----------------------------------------------------------------
     rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.")
-    batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split.")
+    batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split. Per rank under "
+                           "torchrun: each gradient step then averages over ranks x this many samples.")
     ppo_epochs: int = _opt(2, "Passes over each batch.")
     num_minibatches: int = _opt(4, "Gradient steps per pass; the batch's env trajectories are split evenly among them.")
     lr: float = _opt(1e-3, "Adam learning rate.")
@@ -151,6 +152,15 @@ class Config:
                                   "in a separate process, report eval/return and keep the best checkpoint; 0 = no evaluation.")
     eval_episodes: int = _opt(5, "Episodes per evaluation (its cost: this many episodes per --eval_every_frames frames).")
 
+    # --- past one machine: torchrun ----------------------------------------------------------
+    dist_backend: str = _opt("auto", "Under torchrun, how the ranks' learners all-reduce their gradients: gloo (CPU tensors, any "
+                             "network), nccl (CUDA tensors), or auto = nccl when the learner computes on CUDA, else gloo. "
+                             "Ignored without torchrun.", choices=("auto", "gloo", "nccl"))
+    dist_timeout_seconds: float = _opt(60.0, "Under torchrun, how long a learner waits in a collective for the other ranks before "
+                                       "it gives up and stops the run: a dead rank is noticed at once (its connections close), "
+                                       "a hung one after this long. Ranks wait for each other's batches every step, so keep it "
+                                       "well above the slowest rank's time to fill a batch and to start.")
+
     # --- bookkeeping ----------------------------------------------------------------------
     checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
@@ -199,8 +209,13 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def validate(cfg: Config) -> None:
-    """Raise ConfigError naming the first impossible setting and how to fix it."""
+def validate(cfg: Config, writes: bool = True) -> None:
+    """Raise ConfigError naming the first impossible setting and how to fix it.
+
+    writes: whether this process will write the experiment folder, which is then
+    tried for real. A torchrun rank other than 0 writes nothing there, and trying
+    it (by making the missing folders and removing them again) would race rank 0,
+    which is making them at the same moment."""
     if not cfg.env:
         raise ConfigError("No environment given: pass --env, for example --env CartPole-v1 or --env doom_battle.")
     for f in dataclasses.fields(cfg):
@@ -214,7 +229,8 @@ def validate(cfg: Config) -> None:
                  "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size", "eval_episodes"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be a positive whole number.")
-    for name in ("lr", "status_every_seconds", "checkpoint_every_seconds", "encoder_init_gain", "policy_init_gain"):
+    for name in ("lr", "status_every_seconds", "checkpoint_every_seconds", "encoder_init_gain", "policy_init_gain",
+                 "dist_timeout_seconds"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
@@ -265,27 +281,30 @@ def validate(cfg: Config) -> None:
             f"--num_buffers {cfg.num_buffers} can never fill a batch: every worker split holds one buffer while it samples "
             f"and a batch needs {cfg.buffers_per_batch} more; use at least {need}."
         )
-    if cfg.device == "cuda":
+    if cfg.device == "cuda" or cfg.dist_backend == "nccl":
         import torch
 
-        if not torch.cuda.is_available():
+        if cfg.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda was asked for but torch sees no CUDA device; use --device auto or cpu.")
+        if cfg.dist_backend == "nccl" and (cfg.device == "cpu" or not torch.cuda.is_available()):
+            raise ConfigError("--dist_backend nccl all-reduces CUDA tensors, but this run's learner computes on the CPU; "
+                              "use --dist_backend gloo or auto.")
     if cfg.plan not in ("auto", "off") and not os.path.isfile(cfg.plan):
         raise ConfigError(f"--plan {cfg.plan} is neither auto, off nor a plan.json file; check the path.")
     if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
         raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
-    reason = cannot_write(cfg.experiment_dir, folder=True)
+    reason = cannot_write(cfg.experiment_dir, folder=True) if writes else None
     if reason:
         raise ConfigError(f"The experiment folder {cfg.experiment_dir} cannot be written ({reason}); "
                           "choose another --train_dir or --experiment.")
 
 
-def check_env_and_options(cfg: Config):
+def check_env_and_options(cfg: Config, writes: bool = True):
     """validate() plus the env name and its options, without importing torch; returns
     the EnvSpec. An env ignores the options of another family (fastrl.envs.registry),
     so a --doom_* or --atari_* option given for an env it cannot apply to is refused
     here rather than silently dropped."""
-    validate(cfg)
+    validate(cfg, writes)
     from fastrl.envs.registry import UnknownEnvError, get_spec
 
     try:

@@ -107,6 +107,8 @@ CASES = [
     Case("train", "unknown option", f"{CARTPOLE} --lrr 0.1", "unknown option --lrr. Did you mean --lr?"),
     Case("train", "not a number", f"{CARTPOLE} --num_workers abc", "argument --num_workers: invalid int value"),
     Case("train", "zero workers", f"{CARTPOLE} --num_workers 0", "--num_workers is 0 but must be a positive"),
+    Case("train", "NCCL without a GPU", f"{CARTPOLE} --dist_backend nccl --device cpu",
+         "--dist_backend nccl all-reduces CUDA tensors, but this run's learner computes on the CPU"),
     Case("train", "NaN learning rate", f"{CARTPOLE} --lr nan", "--lr is nan but must be a finite number"),
     Case("train", "infinite time budget", f"{CARTPOLE} --train_for_seconds inf",
          "--train_for_seconds is inf but must be a finite number"),

@@ -58,6 +58,8 @@ def test_unknown_option_suggests_the_closest(capsys):
     ({"stop_at_reward": float("inf")}, "--stop_at_reward is inf but must be a finite number"),
     ({"seed": -1}, "--seed is -1 but must lie in [0, 2147483647]"),
     ({"seed": 2**31}, "--seed is 2147483648"),
+    ({"dist_timeout_seconds": 0.0}, "--dist_timeout_seconds is 0.0 but must be positive"),
+    ({"dist_backend": "nccl", "device": "cpu"}, "--dist_backend nccl all-reduces CUDA tensors"),
 ])
 def test_impossible_configs_are_refused_with_a_sentence(tmp_path, change, words):
     cfg = dataclasses.replace(Config(env="CartPole-v1", train_dir=str(tmp_path)), **change)
@@ -84,6 +86,13 @@ def test_unwritable_train_dir_under_a_file_is_refused(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError, match="cannot be written"):
         validate(Config(env="CartPole-v1", train_dir=str(blocker / "runs")))
+
+
+def test_a_rank_that_writes_nothing_leaves_the_experiment_folder_untried(tmp_path):
+    # A torchrun rank other than 0: rank 0 makes the folder at the same moment.
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    validate(Config(env="CartPole-v1", train_dir=str(blocker / "runs")), writes=False)
 
 
 def test_defaults_are_valid(tmp_path):

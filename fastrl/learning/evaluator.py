@@ -40,6 +40,7 @@ from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, checkpoint_dir, load_checkpoint, save_best
 from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.ranks import run_count
 
 POLL_S = 0.1
 NICENESS = 5
@@ -76,7 +77,8 @@ class Evaluator:
         self.next_at = self._next_grid_point(frames_offset)
 
     def env_frames(self) -> int:
-        return int(self.ctx.board.total("env_frames", "rollout_")) + self.frames_offset
+        """Env frames of the run so far (every rank's in a multi-rank run)."""
+        return int(run_count(self.ctx.board, self.ctx.totals, "env_frames")) + self.frames_offset
 
     def _next_grid_point(self, frames: int) -> int:
         every = self.cfg.eval_every_frames

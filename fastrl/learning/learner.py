@@ -1,23 +1,34 @@
 """Learner process: takes full trajectories off the queue, copies a batch out of
 shared memory (freeing those buffers at once), trains on it with the APPO loss,
-and publishes the new parameters with a version. Owns the checkpoints."""
+and publishes the new parameters with a version. Owns the checkpoints.
+
+In a multi-rank run (torchrun) the learner is the one process of its rank that
+talks to the other ranks: it joins their process group, agrees with them once per
+batch whether to go on (and what the run's counters add up to), and takes every
+gradient step together with them (fastrl.plumbing.collectives). Rank 0's learner
+writes the checkpoints."""
 from __future__ import annotations
 
 import math
 import queue
 import time
+from typing import Optional
 
 import numpy as np
 import torch
 
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
-from fastrl.algo.model import build_model, flat_state, load_flat_state
+from fastrl.algo.model import build_model, flat_state, flat_state_size, load_flat_state
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.ranks import SOLO, Rank, local_counts, run_count
 from fastrl.plumbing.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
+# The metrics message that carries every rank's final weights digest to the runner.
+WEIGHTS_KEY = "weights_sha256_by_rank"
 METRICS_EVERY_S = 1.0
 MAX_NONFINITE_IN_A_ROW = 20
 # --lr_schedule kl_adaptive: the factor per adjustment and the range the rate stays in.
@@ -29,8 +40,12 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Learner:
-    def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int):
-        self.cfg, self.ctx = cfg, ctx
+    """`rank` and `shared_options` (the options every rank must share, as the runner
+    names them) matter in a multi-rank run only."""
+
+    def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int,
+                 rank: Rank = SOLO, shared_options: Optional[dict] = None):
+        self.cfg, self.ctx, self.rank = cfg, ctx, rank
         self.device = torch.device(device)
         self.row = ctx.board.row("learner")
         self.timer = Timer(self.row)
@@ -52,6 +67,25 @@ class Learner:
         self._nonfinite_in_a_row = 0
         self._last_metrics = 0.0
         self._metrics = {}
+        self.peers = self._join(shared_options or {}) if rank.distributed else None
+
+    def _join(self, shared_options: dict) -> Peers:
+        """Join the other ranks' learners, check that they resume the same checkpoint
+        with the same model and options, and start from rank 0's weights."""
+        backend = self.cfg.dist_backend
+        if backend == "auto":
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+        peers = Peers(self.rank, backend, self.cfg.dist_timeout_seconds, self.device, self.row)
+        same_folder = ("every rank must see the same experiment folder (one --train_dir on a file system they all "
+                       "share), as each resumes from rank 0's newest checkpoint there.")
+        peers.check_agreement(
+            {"resumed policy version": self.version, "resumed env frame": self.frames_offset,
+             "model size": flat_state_size(self.model), **{f"--{k}": v for k, v in shared_options.items()}},
+            {"resumed policy version": same_folder, "resumed env frame": same_folder},
+            "start every rank with the same command and options.")
+        flat = peers.broadcast_(flat_state(self.model))
+        load_flat_state(self.model, flat)
+        return peers
 
     # -- loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -59,16 +93,20 @@ class Learner:
         pending: list = []
         last_checkpoint = time.time()
         try:
-            while not ctx.stop.is_set():
+            while True:
                 self.row.beat()
-                with self.timer("wait_s"):
-                    try:
-                        pending += get_many_polling(ctx.traj_queue, QUEUE_TIMEOUT_S,
-                                                    cfg.buffers_per_batch - len(pending))
-                    except queue.Empty:
+                stopping = ctx.stop.is_set()
+                if not stopping:
+                    with self.timer("wait_s"):
+                        try:
+                            pending += get_many_polling(ctx.traj_queue, QUEUE_TIMEOUT_S,
+                                                        cfg.buffers_per_batch - len(pending))
+                        except queue.Empty:
+                            continue
+                    if len(pending) < cfg.buffers_per_batch:
                         continue
-                if len(pending) < cfg.buffers_per_batch:
-                    continue
+                if self._stop_agreed(stopping):
+                    break
                 with self.timer("comm_s"):
                     batch = ctx.buffers.gather(pending)
                     ctx.free_queue.put_many(pending, block=True, timeout=10.0)
@@ -79,12 +117,41 @@ class Learner:
                 threads = int(ctx.learner_threads[0])
                 if threads != torch.get_num_threads():
                     torch.set_num_threads(threads)  # the runner's adapter moved a core to or from the learner
-                if time.time() - last_checkpoint >= cfg.checkpoint_every_seconds:
+                if self.rank.main and time.time() - last_checkpoint >= cfg.checkpoint_every_seconds:
                     self.save()
                     last_checkpoint = time.time()
+            if self.peers is not None:
+                self._report_weights()
         finally:
-            if self._params_finite():
+            if self.peers is not None:
+                self.peers.leave()
+            if self.rank.main and self._params_finite():
                 self.save()
+
+    def _stop_agreed(self, stopping: bool) -> bool:
+        """Whether to stop before the next batch: in a run of one, whether the runner
+        asked to; in a multi-rank run, whether any rank's runner did, agreed once per
+        batch with every rank (which also sums the counters the runners report), so
+        that all of them leave after the same step."""
+        if self.peers is None:
+            return stopping
+        stop, summed = self.peers.agree(stopping, local_counts(self.ctx.board))
+        self.ctx.totals.write(summed, stop)
+        return stop
+
+    def _report_weights(self) -> None:
+        """After the last step of a multi-rank run, every rank's weights digest, for
+        summary.json to show that they ended bit-identical."""
+        digests = self.peers.weights_digests(self.model)
+        if self.rank.main:
+            try:
+                self.ctx.metrics_queue.put({WEIGHTS_KEY: digests}, block=True, timeout=1.0)
+            except queue.Full:
+                pass  # a report only
+
+    def run_frames(self) -> int:
+        """Env frames of the whole run so far: every rank's, from the start of training."""
+        return int(run_count(self.ctx.board, self.ctx.totals, "env_frames")) + self.frames_offset
 
     def _params_finite(self) -> bool:
         return all(torch.isfinite(p).all() for p in self.model.parameters())
@@ -98,10 +165,11 @@ class Learner:
         if cfg.normalize_obs:
             # Only the samples that will be trained on: a dropped sample's observations
             # came from a stale policy's state distribution, like its actions.
-            self.model.update_normalizer({k: v[:-1] for k, v in batch["obs"].items()}, keep=valid.bool())
+            self.model.update_normalizer({k: v[:-1] for k, v in batch["obs"].items()}, keep=valid.bool(),
+                                         reduce=self.peers.sum_ if self.peers is not None else None)
         if cfg.lr_schedule == "linear":
-            frames = self.ctx.board.total("env_frames", "rollout_") + self.frames_offset
-            self._set_lr(cfg.lr * max(0.0, 1.0 - frames / cfg.train_for_env_frames))
+            # Every rank's frames, as of the last agreement: the same count on every rank.
+            self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
 
         if cfg.clip_anchor == "proximal" and (cfg.ppo_epochs > 1 or cfg.num_minibatches > 1):
             # Later gradient steps see moved weights, so the proximal log-probs are taken
@@ -124,7 +192,7 @@ class Learner:
         self.ctx.params.publish(flat_state(self.model).cpu(), self.version)
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
-        out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid)
+        out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers)
         if out is None:
             self._skip_nonfinite()
             return
@@ -176,12 +244,11 @@ class Learner:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self) -> str:
-        frames = int(self.ctx.board.total("env_frames", "rollout_")) + self.frames_offset
         state = {
             "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
-            "env_frames": frames,
+            "env_frames": self.run_frames(),
             "samples_trained": self.samples_trained,
             "env": self.cfg.env,
             "config": self.cfg.to_dict(),
@@ -197,10 +264,16 @@ def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_la
     return lag_t, (lag_t <= max_policy_lag).float()
 
 
-def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
+def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: Optional[Peers] = None):
     """One APPO gradient step on a time-major minibatch (the learner's, and what the
     profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
-    loss or gradient was not finite and the step was skipped."""
+    loss or gradient was not finite and the step was skipped.
+
+    With `peers` (a multi-rank run) every rank calls it at once: the gradient becomes
+    the mean over every rank's valid samples before it is clipped, the skip is every
+    rank's if the loss was not finite on any, the loss terms' step_kl is the mean
+    over the ranks' samples, and the return normaliser takes in every rank's targets;
+    so each rank takes the same step."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
     prox_logp = None
@@ -220,14 +293,21 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor):
     )
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
+    finite_loss = bool(torch.isfinite(out.total))
+    if peers is not None:
+        samples = float(valid.sum())
+        all_samples, (nonfinite, kl_sum) = peers.average_gradients(
+            model.parameters(), samples, [0.0 if finite_loss else 1.0, samples * float(out.step_kl)])
+        finite_loss = nonfinite == 0
+        out = out._replace(step_kl=out.step_kl.new_tensor(kl_sum / all_samples if all_samples else 0.0))
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if not (torch.isfinite(out.total) and torch.isfinite(grad_norm)):
+    if not (finite_loss and torch.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         return None, grad_norm
     optimizer.step()
     if model.return_norm is not None:
-        model.return_norm.update(out.vs_tm1[valid > 0])
+        model.return_norm.update(out.vs_tm1[valid > 0], peers.sum_ if peers is not None else None)
     return out, grad_norm
 
 
@@ -279,5 +359,6 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
     return out
 
 
-def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int) -> None:
-    Learner(cfg, ctx, device, resume_path, frames_offset).run()
+def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int, rank: Rank = SOLO,
+                 shared_options: Optional[dict] = None) -> None:
+    Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options).run()

@@ -8,7 +8,7 @@ that needs more from another process gets it through one of these fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import faster_fifo
 import gymnasium as gym
@@ -18,6 +18,7 @@ from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import Precision
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
+from fastrl.plumbing.ranks import RunTotals
 from fastrl.plumbing.stats_board import StatsBoard
 
 
@@ -47,3 +48,6 @@ class SharedContext:
     # learner in .learning. Decided by the runner (--precision auto measures), so
     # that no child measures.
     precision: Precision
+    # A multi-rank run's counters summed over the ranks, and whether the ranks agreed
+    # to stop: the learner writes, the runner and evaluator read. None in a run of one.
+    totals: Optional[RunTotals] = None
