@@ -9,7 +9,17 @@ from fastrl.config import ConfigError, check_env_and_options, parse_args
 def main(argv=None) -> int:
     cfg, extra = parse_args(argv)
     try:
-        check_env_and_options(cfg)  # cheap checks first, so that bad input starts no process at all
+        from fastrl.plumbing.ranks import RankError, claim_cores, detect_rank
+
+        try:
+            rank = detect_rank()  # under torchrun: which rank this is; else a run of one
+        except RankError as err:
+            raise ConfigError(str(err)) from None
+        if rank.distributed and cfg.max_restarts:
+            raise ConfigError("--max_restarts restarts a run on one machine, and a rank cannot restart alone; "
+                              "under torchrun give torchrun --max_restarts instead, which restarts every rank.")
+        check_env_and_options(cfg, writes=rank.main)  # cheap checks first: bad input starts no process at all
+        claim_cores(rank)  # this rank's share of the machine, before any child inherits the affinity
         from fastrl.plumbing.proc import start_process_server
 
         start_process_server()  # its imports then overlap the runner's own
@@ -18,7 +28,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
         from fastrl.runtime.runner import train
 
-        return train(cfg, extra.explicit)
+        return train(cfg, extra.explicit, rank)
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)
         print(f"fastrl: error: {err}", file=sys.stderr)
         return 2

@@ -35,7 +35,8 @@ def _supervised(*processes, timeout_s: float = 3.0):
     runner = SimpleNamespace(
         ctx=SimpleNamespace(board=StatsBoard([f"policy_{i}" for i in range(len(processes))]),
                             inference_epoch=torch.zeros(1, dtype=torch.int64)),
-        policy_processes=dict(enumerate(processes)), rollout_processes={}, replaced=[])
+        policy_processes=dict(enumerate(processes)), rollout_processes={}, replaced=[], said=[])
+    runner.say = lambda text, incident=False: runner.said.append(text)
 
     def replace_policy_workers():
         old = runner.policy_processes.values()
@@ -58,6 +59,8 @@ def test_a_killed_policy_worker_restarts_them_all_once_every_old_one_is_dead():
     assert supervisor.check_policy_workers() is None
     assert runner.replaced == [(1, False)]  # the epoch moved, and no old worker was left to answer in it
     assert healthy.exitcode == -15 and supervisor.total_restarts == 1
+    assert runner.said == ["policy-worker 1 was killed by signal 9; restarted all 2 policy workers, and the rollout "
+                           "workers re-send the requests left unanswered."]
     assert supervisor.check_policy_workers() is None and len(runner.replaced) == 1
 
 

@@ -55,7 +55,7 @@ def _mean(values) -> Optional[float]:
 
 
 def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, elapsed: float,
-                 window: tuple) -> dict:
+                 window: tuple, frames: Optional[float] = None, trained: Optional[float] = None) -> dict:
     """The scalars of one report, named "group/measure".
 
     board: the run's StatsBoard (rows "learner", "policy_<i>", "rollout_<i>").
@@ -66,14 +66,16 @@ def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, el
     window: (seconds, env frames, samples trained) at the previous report, the same
         tuple the runner's status line takes; rates are measured over it, so they
         say how fast the run goes now rather than on average.
+    frames, trained: the run's env frames and samples trained, where they are not
+        the board's own: a multi-rank run reports every rank's.
 
     Values that are missing or not finite (no episode finished yet, an explained
     variance undefined for constant targets) are left out rather than logged as
     NaN, which would break a curve into gaps in both dashboards.
     """
     t0, frames0, trained0 = window
-    frames = board.total("env_frames", "rollout_")
-    trained = board.get("learner", "samples_trained")
+    frames = board.total("env_frames", "rollout_") if frames is None else frames
+    trained = board.get("learner", "samples_trained") if trained is None else trained
     received = board.get("learner", "samples_received")
     out = {
         "train/fps": per_second(frames - frames0, elapsed - t0),
@@ -111,6 +113,16 @@ def _import_wandb():
     except ImportError:
         raise ConfigError("--with_wandb needs wandb: pip install wandb (or pass --with_wandb false).") from None
     return wandb
+
+
+class NullMonitor:
+    """Where a torchrun rank other than 0 logs: nowhere, since rank 0 logs for the run."""
+
+    def log(self, env_frames: int, wall_seconds: float, scalars: dict, status: Optional[str] = None) -> None:
+        pass
+
+    def close(self, exit_code: int = 0) -> None:
+        pass
 
 
 class Monitor:

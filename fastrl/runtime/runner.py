@@ -1,6 +1,14 @@
 """The runner: checks the configuration, builds the shared memory and queues,
 starts the learner, policy workers and rollout workers, watches them, reports,
-decides when to stop, and shuts everything down cleanly on every path."""
+decides when to stop, and shuts everything down cleanly on every path.
+
+Under torchrun there is one runner per rank, each with its own children, shared
+memory and queues (nothing of it is named, so ranks on one machine cannot collide).
+The runners never talk to each other: their learners do, once per batch, and
+each learner hands its runner the run's counters summed over the ranks and
+whether a rank asked to stop (`SharedContext.totals`). Rank 0 reports for the
+run: the plan, the status line, TensorBoard and W&B, evaluations, summary.json,
+checkpoints (its learner). The other ranks print only what went wrong."""
 from __future__ import annotations
 
 import collections
@@ -41,15 +49,16 @@ from fastrl.learning.checkpoint import (
 )
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import learner_main
+from fastrl.learning.learner import WEIGHTS_KEY, learner_main
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
+from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, per_second
-from fastrl.runtime.monitor import Monitor, scalars_from
+from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
 from fastrl.sampling.policy_worker import policy_worker_main
@@ -145,10 +154,11 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
-def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precision) -> Optional[planner.Plan]:
+def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precision,
+              announce: bool = True) -> Optional[planner.Plan]:
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
     when resuming, else a fresh one from a start-up profile of `env` and the model
-    in the run's `precision`."""
+    in the run's `precision`. `announce` prints where the plan came from."""
     if cfg.plan == "off":
         return None
     saved = os.path.join(cfg.experiment_dir, "plan.json")
@@ -159,10 +169,11 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         except (OSError, ValueError, TypeError) as err:
             raise ConfigError(f"--plan {path} is not a readable plan ({err}); give a plan.json that fastrl wrote, "
                               "or use --plan auto") from None
-        print(f"fastrl: using the plan in {path}", flush=True)
+        if announce:
+            print(f"fastrl: using the plan in {path}", flush=True)
         return plan
     costs, cached = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision)
-    if cached:
+    if cached and announce:
         print("fastrl: planning from this machine's cached profile of this setup", flush=True)
     try:
         return planner.choose(costs, cfg, explicit)
@@ -170,15 +181,22 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         raise ConfigError(str(err)) from None
 
 
-def prepare_experiment(cfg: Config, explicit: set):
+def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     """Everything that can refuse the run, done before any process starts, the
     precision and the plan. Returns (cfg with the plan applied, plan, spec,
     obs_space, action_space, model, checkpoint_state, checkpoint_path, precision);
     cfg.precision stays as given (auto is decided again on the machine a resumed
     run starts on, and config.json keeps it so). Nothing is written before the last
     check: a refused run leaves the experiment as it found it, and --restart
-    deletes the old checkpoints only once the new run can start."""
-    spec = check_env_and_options(cfg)
+    deletes the old checkpoints only once the new run can start.
+
+    Under torchrun each rank prepares its own run (its plan is for its share of the
+    machine), rank 0 alone deletes old checkpoints, and --restart holds for the
+    launch only: when torchrun restarts the ranks (--max_restarts) they resume from
+    the newest checkpoint instead of starting over again."""
+    if cfg.restart and rank.restarts:
+        cfg = dataclasses.replace(cfg, restart=False)
+    spec = check_env_and_options(cfg, writes=rank.main)
     ckpt_dir = checkpoint_dir(cfg)
     if os.path.lexists(ckpt_dir) and not os.path.isdir(ckpt_dir):
         raise ConfigError(f"{ckpt_dir} is not a folder, but the experiment keeps its checkpoints there; "
@@ -213,13 +231,13 @@ def prepare_experiment(cfg: Config, explicit: set):
         # Decided before the plan, which profiles the model in it, and with
         # --plan off too; once, here, for every process of the run.
         precision = resolve_precision(cfg, obs_space, action_space)
-        plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision)
+        plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, announce=rank.main)
     finally:
         env.close()
     if plan is not None:
         cfg = planner.apply(cfg, plan)
         try:
-            validate(cfg)
+            validate(cfg, writes=rank.main)
         except ConfigError as err:
             raise ConfigError(f"The plan does not fit these options: {err}") from None
     torch.manual_seed(cfg.seed)
@@ -232,30 +250,43 @@ def prepare_experiment(cfg: Config, explicit: set):
             raise ConfigError(
                 f"The checkpoint {path} does not fit this model ({first}); use the same model options "
                 "as when it was trained, or pass --restart to start over.") from None
-    if cfg.restart and os.path.isdir(ckpt_dir):
+    if cfg.restart and rank.main and os.path.isdir(ckpt_dir):
         shutil.rmtree(ckpt_dir)
     return cfg, plan, spec, obs_space, action_space, model, state, path, precision
+
+
+def shared_options(cfg: Config) -> dict:
+    """The options every rank of a multi-rank run must share, for the learners to
+    compare before they train together: all but the layout the planner chooses for
+    each rank's share of the machine."""
+    own = set(planner.PLANNED) | {"torch_threads"}
+    return {k: v for k, v in cfg.to_dict().items() if k not in own}
 
 
 class Runner:
     """learn=False swaps the learner for a sink that frees trajectories untouched,
     to measure the sampling system alone. `explicit` names the options the user
     set, which the planner keeps. `earlier`: what the run counted before its
-    learner died, when this Runner restarts it (see train())."""
+    learner died, when this Runner restarts it (see train()). `rank`: where this
+    runner stands in a torchrun launch (fastrl.plumbing.ranks); a run of one by
+    default."""
 
     def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None,
-                 earlier: Optional[Earlier] = None):
-        self.learn = learn
+                 earlier: Optional[Earlier] = None, rank: Rank = SOLO):
+        self.learn, self.rank = learn, rank
         self.earlier = earlier or Earlier()
         (cfg, self.plan, self.spec, self.obs_space, self.action_space, model, state,
-         self.resume_path, self.precision) = prepare_experiment(cfg, explicit or set())
+         self.resume_path, self.precision) = prepare_experiment(cfg, explicit or set(), rank)
         self.cfg = cfg
-        os.makedirs(cfg.experiment_dir, exist_ok=True)
-        save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
-        if self.plan is not None:
+        if rank.main:
+            os.makedirs(cfg.experiment_dir, exist_ok=True)
+            save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
+        if self.plan is not None and rank.main:
             planner.save(self.plan, cfg.experiment_dir)
-            print(f"fastrl: {planner.describe(self.plan, self.spec.frameskip)}", flush=True)
+            self.say(planner.describe(self.plan, self.spec.frameskip))
         self.device = resolve_device(cfg)
+        if rank.distributed and self.device == "cuda":  # a GPU of its own for each rank, where there are enough
+            self.device = f"cuda:{rank.local_rank % torch.cuda.device_count()}"
         self.version0 = int(state["version"]) if state else 0
         self.frames_offset = int(state.get("env_frames", 0)) if state else 0
         self.mp = start_process_server()  # torch.multiprocessing is imported: tensors pickle as shared memory
@@ -311,14 +342,30 @@ class Runner:
             held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
             learner_threads=self.adapter.target,
             precision=self.precision,
+            totals=RunTotals() if self.rank.distributed else None,
         )
 
     def _num_policy_workers(self) -> int:
         return self.cfg.num_policy_workers if self.cfg.inference == "policy_worker" else 0
 
+    # -- speaking -----------------------------------------------------------------------
+    def say(self, text: str, incident: bool = False) -> None:
+        """A line for the user. Rank 0 speaks for the run; another rank prints only an
+        incident (a restarted worker), on stderr and named by its rank."""
+        if not self.rank.distributed:
+            print(f"fastrl: {text}", flush=True)
+        elif self.rank.main:
+            print(f"fastrl: {'rank 0: ' if incident else ''}{text}", flush=True)
+        elif incident:
+            print(f"fastrl: {self.rank.name()}: {text}", file=sys.stderr, flush=True)
+
+    def _tag(self) -> str:
+        """'fastrl: ' or, in a multi-rank run, 'fastrl: rank 1: ': how errors begin."""
+        return f"fastrl: {self.rank.name()}: " if self.rank.distributed else "fastrl: "
+
     # -- processes ----------------------------------------------------------------------
     def _spawn(self, name: str, target, *args, threads: int = 0):
-        seed = process_seed(self.cfg.seed, name, self.frames_offset, self.spawned[name])
+        seed = process_seed(self.cfg.seed, name, self.frames_offset, self.spawned[name], self.rank.rank)
         self.spawned[name] += 1
         p = self.mp.Process(target=run_child, name=name, daemon=False,
                             args=(name, threads or self.cfg.torch_threads, seed, self.error_queue, target, *args))
@@ -330,14 +377,14 @@ class Runner:
         cfg, ctx = self.cfg, self.ctx
         if self.learn:
             self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset,
-                        threads=cfg.learner_threads)
+                        self.rank, shared_options(cfg), threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
             self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
         for i in range(cfg.num_workers):
             self.rollout_processes[i] = self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
-        if cfg.eval_every_frames > 0 and self.learn:
+        if cfg.eval_every_frames > 0 and self.learn and self.rank.main:
             self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.frames_offset)
 
     def replace_rollout_worker(self, dead, index: int) -> None:
@@ -371,8 +418,14 @@ class Runner:
         return killed
 
     # -- watching -----------------------------------------------------------------------
+    def count(self, field: str) -> float:
+        """A counter of this run (fastrl.plumbing.ranks.SUMMED): every rank's in a
+        multi-rank run, as of its learner's latest agreement with the others."""
+        return run_count(self.ctx.board, self.ctx.totals, field)
+
     def env_frames(self) -> int:
-        return int(self.ctx.board.total("env_frames", "rollout_"))
+        """Env frames stepped in this run (every rank's), from its start."""
+        return int(self.count("env_frames"))
 
     def _drain(self, start: float, monitor) -> None:
         """Take in what the children reported: episodes, learner metrics, evaluations."""
@@ -387,6 +440,7 @@ class Runner:
                     if not math.isnan(objective):
                         self.objectives100.append(objective)
                     self.episodes += 1
+        self.ctx.board.row("runner").set("episodes", self.episodes)
         if (self.reached_reward_at is None and self.cfg.stop_at_reward is not None
                 and len(self.returns100) == self.returns100.maxlen and self.mean_return() >= self.cfg.stop_at_reward):
             self.reached_reward_at = time.time() - start
@@ -403,8 +457,8 @@ class Runner:
         for ev in evaluations:
             self.last_eval = ev
             monitor.log(ev["env_frames"], time.time() - start, {k: v for k, v in ev.items() if k.startswith("eval/")})
-            print(f"fastrl: evaluation at {ev['env_frames']:,} frames (policy version {ev['version']}): "
-                  f"return {ev['eval/return']:.2f} over {self.cfg.eval_episodes} deterministic episodes", flush=True)
+            self.say(f"evaluation at {ev['env_frames']:,} frames (policy version {ev['version']}): "
+                     f"return {ev['eval/return']:.2f} over {self.cfg.eval_episodes} deterministic episodes")
 
     def mean_return(self) -> float:
         return sum(self.returns100) / len(self.returns100) if self.returns100 else float("nan")
@@ -437,7 +491,12 @@ class Runner:
         return self.cfg.max_restarts - self.earlier.learner_restarts
 
     def _should_stop(self, elapsed: float) -> Optional[str]:
+        """Why the run should end now, or None. In a multi-rank run rank 0 decides
+        (its learner carries the decision to the others' at the next batch) and the
+        budget counts every rank's frames."""
         cfg = self.cfg
+        if not self.rank.main:
+            return None
         if cfg.train_for_env_frames and self.env_frames() + self.frames_offset >= cfg.train_for_env_frames:
             return f"reached {cfg.train_for_env_frames:,} env frames"
         if cfg.train_for_seconds and elapsed >= cfg.train_for_seconds:
@@ -446,15 +505,29 @@ class Runner:
             return f"mean return of the last 100 episodes reached {cfg.stop_at_reward:g}"
         return None
 
+    def startup_line(self) -> str:
+        """What is being trained, how, and where it goes. Under torchrun the counts
+        are per rank, and the figures for all ranks stand beside them."""
+        cfg = self.cfg
+        how = (f"inference {cfg.inference} on {self.device}, {self.precision.describe()}; "
+               f"experiment in {cfg.experiment_dir}")
+        if not self.rank.distributed:
+            return f"training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} envs, {how}"
+        n = self.rank.world_size
+        return (f"training {cfg.env} on {n} ranks, each with its own {cfg.num_workers} rollout workers x "
+                f"{cfg.num_envs_per_worker} envs (rank 0's plan; every rank plans for its share of its machine) "
+                f"and batches of {cfg.batch_size:,} samples: {n * cfg.batch_size:,} samples per gradient step in all; "
+                f"{how}")
+
     def status_line(self, elapsed: float, window: tuple) -> str:
         t0, frames0, trained0 = window
         b = self.ctx.board
-        frames, trained = self.env_frames(), b.get("learner", "samples_trained")
+        frames, trained = self.env_frames(), self.count("samples_trained")
         fps = per_second(frames - frames0, elapsed - t0)
         lag = f"{b.get('learner', 'lag_min'):.0f}/{b.get('learner', 'lag_mean'):.1f}/{b.get('learner', 'lag_max'):.0f}"
         line = (f"[{elapsed:7.1f}s] frames {frames + self.frames_offset:,} | {fps:,.0f} fps (env frames/s)"
                 f" | trained {per_second(trained - trained0, elapsed - t0):,.0f} samples/s | lag min/mean/max {lag}"
-                f" | return(100) {self.mean_return():.2f} | episodes {self.episodes:,}")
+                f" | return(100) {self.mean_return():.2f} | episodes {int(self.count('episodes')):,}")
         if self.objectives100:
             line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
         return line + self._progress(elapsed, fps)
@@ -482,7 +555,8 @@ class Runner:
         `observer(runner, elapsed_seconds)`, if given, is called at every poll
         (the bench uses it to take its measurement windows)."""
         cfg = self.cfg
-        monitor = Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset)
+        monitor = (Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset) if self.rank.main
+                   else NullMonitor())
         # Times count from the command's launch, so that a reported time to a score
         # includes the start-up a user waits through, not just the training loop.
         start = psutil.Process().create_time()
@@ -490,9 +564,7 @@ class Runner:
         signals = _StopSignals()
         try:
             self.start()
-            print(f"fastrl: training {cfg.env} with {cfg.num_workers} rollout workers x {cfg.num_envs_per_worker} "
-                  f"envs, inference {cfg.inference} on {self.device}, {self.precision.describe()}; "
-                  f"experiment in {cfg.experiment_dir}", flush=True)
+            self.say(self.startup_line())
             signals.looping = True
             while True:
                 signals.raise_if_received()
@@ -519,6 +591,9 @@ class Runner:
         when a report is due. Returns (exit code, reason) when the run should end."""
         elapsed = time.time() - start
         self._drain(start, monitor)
+        if self.ctx.totals is not None and self.ctx.totals.stop_requested():
+            # Checked before the children: the learner leaves once the ranks agreed to stop.
+            return 0, "the ranks agreed to stop (another rank's budget, goal, signal or failure)"
         failure = self._check_children()
         if failure:
             then = "stopping the run"
@@ -528,7 +603,7 @@ class Runner:
                     then = "stopping the run to restart it from its newest good checkpoint"
                 elif self.cfg.max_restarts:
                     then += f", as the {self.cfg.max_restarts} restarts --max_restarts allows are used up"
-            print(f"fastrl: {failure.text.rstrip()}\nfastrl: {then}.", file=sys.stderr, flush=True)
+            print(f"{self._tag()}{failure.text.rstrip()}\n{self._tag()}{then}.", file=sys.stderr, flush=True)
             return 1, failure.text.splitlines()[0].rstrip(":.")
         if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
             self.training_since = time.time()
@@ -540,37 +615,44 @@ class Runner:
         return (0, reason) if reason else None
 
     def _report(self, elapsed: float, monitor) -> None:
-        """The status line and its scalars, drift warnings, and the thread adapter's
-        turn, which judges the window since the last report."""
-        line = self.status_line(elapsed, self._window)
-        print(line, flush=True)
+        """The status line and its scalars, drift warnings (rank 0), and the thread
+        adapter's turn, which judges the window since the last report (every rank)."""
         frames = self.env_frames() + self.frames_offset
-        monitor.log(frames, elapsed, scalars_from(
-            board=self.ctx.board, metrics=self.metrics, returns=self.returns100, objectives=self.objectives100,
-            episodes=self.episodes, elapsed=elapsed, window=self._window), status=line)
-        for warning in self.drift.check(self.metrics):
-            print(f"fastrl: warning: {warning}", flush=True)
-        self._window = (elapsed, self.env_frames(), self.ctx.board.get("learner", "samples_trained"))
+        if self.rank.main:
+            line = self.status_line(elapsed, self._window)
+            print(line, flush=True)
+            monitor.log(frames, elapsed, scalars_from(
+                board=self.ctx.board, metrics=self.metrics, returns=self.returns100, objectives=self.objectives100,
+                episodes=self.count("episodes"), elapsed=elapsed, window=self._window,
+                frames=self.env_frames(), trained=self.count("samples_trained")), status=line)
+            for warning in self.drift.check(self.metrics):
+                self.say(f"warning: {warning}")
+        self._window = (elapsed, self.env_frames(), self.count("samples_trained"))
         self._last_report = elapsed
         change = self.adapter.update(time.time()) if self.adapt and self.training_since else None
         if change:
-            print(f"fastrl: {change}", flush=True)
+            self.say(change)
             monitor.log(frames, elapsed, {"plan/learner_threads": float(self.adapter.threads)}, status=change)
 
     def _finish(self, wall: float, reason: str, killed: list) -> None:
-        """After the shutdown: summary.json and the closing lines."""
-        self.write_summary(wall)
-        print(f"fastrl: {reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
-              f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}",
-              flush=True)
-        trained = self.measured_trained_steps_per_s()
-        if self.plan is not None and trained:
-            print(f"fastrl: {planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip)}", flush=True)
+        """After the shutdown: summary.json and the closing lines (rank 0)."""
+        if self.rank.main:
+            self.write_summary(wall)
+            self.say(f"{reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
+                     f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}")
+            trained = self.measured_trained_steps_per_s()
+            if self.plan is not None and trained:
+                self.say(planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip))
+            digests = self.metrics.get(WEIGHTS_KEY)
+            if digests and len(set(digests)) > 1:
+                print(f"{self._tag()}error: the ranks ended with different weights ({', '.join(digests)}); "
+                      "please report this as a fastrl bug.", file=sys.stderr, flush=True)
         if killed:
-            print(f"fastrl: had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
+            print(f"{self._tag()}had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
 
     def measured_trained_steps_per_s(self) -> float:
-        """Agent steps trained per second since training began (start-up excluded)."""
+        """Agent steps trained per second since training began (start-up excluded), by
+        this rank: the plan it is compared with is this rank's."""
         if self.training_since is None:
             return 0.0
         return per_second(self.ctx.board.get("learner", "samples_trained"), time.time() - self.training_since)
@@ -584,15 +666,14 @@ class Runner:
             "fps": per_second(self.env_frames(), wall),
             "mean_return_100": self.mean_return() if self.returns100 else None,
             "mean_objective_100": sum(self.objectives100) / len(self.objectives100) if self.objectives100 else None,
-            "episodes": self.episodes,
+            "episodes": int(self.count("episodes")),
             "reached_reward_at_seconds": self.reached_reward_at,
             "reached_reward_mean_100": self.reached_reward_mean,
-            "samples_trained": self.ctx.board.get("learner", "samples_trained"),
-            "samples_dropped": self.ctx.board.get("learner", "samples_dropped"),
+            "samples_trained": self.count("samples_trained"),
+            "samples_dropped": self.count("samples_dropped"),
             "learner_steps": self.ctx.board.get("learner", "learner_steps"),
-            "env_restarts": self.earlier.env_restarts + self.ctx.board.total("env_restarts", "rollout_"),
-            "trajectories_discarded": (self.earlier.trajectories_discarded
-                                       + self.ctx.board.total("trajectories_discarded", "rollout_")),
+            "env_restarts": self.earlier.env_restarts + self.count("env_restarts"),
+            "trajectories_discarded": self.earlier.trajectories_discarded + self.count("trajectories_discarded"),
             "last_eval": self.last_eval,
             "plan": dataclasses.asdict(self.plan) if self.plan else None,
             "measured_trained_frames_per_s": self.measured_trained_steps_per_s() * self.spec.frameskip,
@@ -600,6 +681,13 @@ class Runner:
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
             "learner_restarts": self.earlier.learner_restarts,
         }
+        if self.rank.distributed:
+            summary["ranks"] = {
+                "world_size": self.rank.world_size,
+                # Seconds rank 0's learner spent in collectives, waiting for slower ranks included.
+                "learner_sync_seconds": self.ctx.board.get("learner", "sync_s"),
+                WEIGHTS_KEY: self.metrics.get(WEIGHTS_KEY),
+            }
         write_json(os.path.join(self.cfg.experiment_dir, "summary.json"), summary, indent=2)
 
     def carry(self) -> Earlier:
@@ -614,7 +702,7 @@ class Runner:
             episodes=self.episodes, returns100=self.returns100, objectives100=self.objectives100)
 
 
-def train(cfg: Config, explicit: set) -> int:
+def train(cfg: Config, explicit: set, rank: Rank = SOLO) -> int:
     """Train as `python -m fastrl.train` does and return its exit code. With
     --max_restarts, a run whose learner died is started again from the newest good
     checkpoint, as a resume would (every process anew: what a dead learner leaves
@@ -623,7 +711,13 @@ def train(cfg: Config, explicit: set) -> int:
     Why the whole run and not the learner alone: the rollout workers' buffers hold
     samples of policy versions the restored learner has not reached yet, and the
     published weights are newer than its own; starting everything from the
-    checkpoint is the one state known to be consistent."""
+    checkpoint is the one state known to be consistent.
+
+    Under torchrun the ranks' learners step in lockstep, so one rank cannot restart
+    alone: torchrun's own --max_restarts restarts them all (fastrl.train refuses
+    ours under torchrun)."""
+    if rank.distributed:
+        return Runner(cfg, explicit=explicit, rank=rank).run()
     earlier = Earlier()
     while True:
         runner = _restarted_runner(cfg, explicit, earlier)

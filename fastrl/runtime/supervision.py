@@ -99,8 +99,8 @@ class WorkerSupervisor:
         self._forget([process])
         _drain(ctx.response_queues[index] if ctx.response_queues else None)
         self.runner.replace_rollout_worker(process, index)
-        print(f"fastrl: rollout-worker {index} {cause}; restarted it with fresh envs "
-              f"({len(held)} partial trajectories discarded).", flush=True)
+        self.runner.say(f"rollout-worker {index} {cause}; restarted it with fresh envs "
+                        f"({len(held)} partial trajectories discarded).", incident=True)
         return None
 
     def check_policy_workers(self) -> str | None:
@@ -126,8 +126,8 @@ class WorkerSupervisor:
         self._forget(processes.values())
         self.runner.replace_policy_workers()
         which = f"all {len(processes)} policy workers" if len(processes) > 1 else "it"
-        print(f"fastrl: policy-worker {index} {cause}; restarted {which}, and the rollout workers "
-              "re-send the requests left unanswered.", flush=True)
+        self.runner.say(f"policy-worker {index} {cause}; restarted {which}, and the rollout workers "
+                        "re-send the requests left unanswered.", incident=True)
         return None
 
 
