@@ -1,0 +1,311 @@
+"""Training past one process: torchrun ranks, each a whole fastrl run, whose learners
+keep bit-identical weights (fastrl.plumbing.ranks, fastrl.plumbing.collectives).
+
+The collectives are tested on two processes joined by Gloo on loopback; the whole
+command under torchrun, on one machine and as two "nodes" on loopback, in the slow
+tests."""
+import os
+import signal
+import socket
+import time
+
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+import torch
+from helpers import TrainRun, read_summary, shm_entries
+from test_gradient_step import OBS, _batch, _on_policy
+
+from fastrl.algo.model import ActorCritic, RunningNorm
+from fastrl.config import Config
+from fastrl.learning.checkpoint import load_latest_checkpoint
+from fastrl.learning.learner import _columns, gradient_step, lag_mask
+from fastrl.plumbing.collectives import PeerError, Peers
+from fastrl.plumbing.proc import start_process_server
+from fastrl.plumbing.ranks import Rank, RankError, core_share, detect_rank
+from fastrl.plumbing.stats_board import StatsBoard
+
+LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"}  # Gloo's traffic stays on 127.0.0.1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, port: int, result, target, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **LOOPBACK)
+    torch.set_num_threads(1)
+    peers = Peers(Rank(rank=rank, world_size=2, local_rank=rank, local_world_size=2), "gloo", 30.0,
+                  torch.device("cpu"), StatsBoard(["learner"]).row("learner"))
+    try:
+        result.send(target(rank, peers, *args))
+    except PeerError as err:
+        result.send(err)
+    finally:
+        peers.leave()
+
+
+def on_two_ranks(target, *args) -> list:
+    """[rank 0's, rank 1's] return of target(rank, peers, *args), each run in a process
+    of its own (forked from fastrl's process server, which has torch imported) that
+    joined the other's process group over Gloo on loopback. Results come back on
+    pipes: a multiprocessing queue would leave named semaphores in /dev/shm until
+    this process exits."""
+    ctx = start_process_server()
+    port = _free_port()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+    processes = [ctx.Process(target=_rank_main, args=(r, port, pipes[r][1], target, args)) for r in range(2)]
+    for p in processes:
+        p.start()
+    try:
+        return [receive.recv() if receive.poll(120) else None for receive, _ in pipes]
+    finally:
+        for p in processes:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+# --------------------------------------------------------------------------------------
+# Where a process stands
+
+def test_without_torchrun_a_run_is_a_run_of_one():
+    assert detect_rank({}) == Rank()
+    assert not detect_rank({"WORLD_SIZE": "1", "RANK": "0"}).distributed
+    rank = detect_rank({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert (rank.rank, rank.world_size, rank.local_rank, rank.local_world_size, rank.restarts) == (3, 4, 1, 2, 2)
+    assert rank.distributed and not rank.main and rank.name() == "rank 3"
+    with pytest.raises(RankError, match="MASTER_ADDR, MASTER_PORT are not set; start a multi-rank run with torchrun"):
+        detect_rank({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+
+
+def test_ranks_on_one_machine_split_its_physical_cores():
+    # 4 cores with hyperthreads numbered 4 apart, as Linux often does: a rank takes
+    # whole cores, never one thread of a core whose sibling another rank runs on.
+    siblings = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [core_share(list(range(8)), siblings, r, 2) for r in range(2)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [core_share(list(range(8)), siblings, r, 3) for r in range(3)] == [[0, 4], [1, 5], [2, 3, 6, 7]]
+    # Fewer cores than ranks: single threads, then a shared cpu each.
+    assert [core_share([0, 1], [[0, 1]], r, 2) for r in range(2)] == [[0], [1]]
+    assert [core_share([0, 1], [[0], [1]], r, 3) for r in range(3)] == [[0], [1], [0]]
+
+
+# --------------------------------------------------------------------------------------
+# The collectives, on two processes
+
+def _gradient_on(rank, peers, batch, valid, columns):
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    cfg = Config(env="CartPole-v1", max_grad_norm=0.0, normalize_advantages=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves .grad to read
+    out, _ = gradient_step(cfg, model, optimizer, _columns(batch, columns[rank]), valid[:, columns[rank]], peers)
+    return [p.grad.numpy().copy() for p in model.parameters()], float(out.step_kl)
+
+
+def test_the_all_reduced_gradient_is_that_of_every_ranks_samples_at_once():
+    # Rank 0 trains on columns 0-2, rank 1 on 3-5, where lag drops two of its columns:
+    # weighted by valid samples, their mean gradient is the gradient of one step over
+    # all six columns (as advantages are not normalised per minibatch here).
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    batch = _on_policy(model, _batch())
+    batch["policy_version"][:, 4:] = -30
+    _, valid = lag_mask(0, batch["policy_version"], 25)
+    columns = [torch.arange(0, 3), torch.arange(3, 6)]
+    (grads0, kl0), (grads1, kl1) = on_two_ranks(_gradient_on, batch, valid, columns)
+
+    cfg = Config(env="CartPole-v1", max_grad_norm=0.0, normalize_advantages=False)
+    out, _ = gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, valid)
+    for g0, g1, whole in zip(grads0, grads1, model.parameters()):
+        assert np.array_equal(g0, g1)  # bit-identical on both ranks
+        np.testing.assert_allclose(g0, whole.grad.numpy(), rtol=1e-5, atol=1e-7)
+    assert kl0 == kl1 and kl0 == pytest.approx(float(out.step_kl), rel=1e-5, abs=1e-9)
+
+
+def _skip_on(rank, peers, batch):
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = _on_policy(model, batch)
+    if rank == 1:
+        batch["rewards"][0, 0] = float("nan")  # only rank 1's loss is not finite
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    out, _ = gradient_step(Config(env="CartPole-v1"), model, optimizer, batch, torch.ones(5, 6), peers)
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    return out is None, unchanged
+
+
+def test_a_step_skipped_on_one_rank_is_skipped_on_every_rank():
+    assert on_two_ranks(_skip_on, _batch()) == [(True, True), (True, True)]
+
+
+def _normalise_on(rank, peers, batches):
+    norm = RunningNorm((2,))
+    for batch in batches[rank]:
+        norm.update(batch, peers.sum_)
+    return norm.mean.tolist(), norm.var.tolist(), float(norm.count)
+
+
+def test_the_normalisers_take_in_every_ranks_batch():
+    g = torch.Generator().manual_seed(0)
+    data = [torch.randn(n, 2, generator=g) * 3 + 5 for n in (7, 13, 0, 4)]
+    # Each update: rank 0's batch with rank 1's; rank 0 has nothing the second time.
+    batches = [[data[0], data[2]], [data[1], data[3]]]
+    rank0, rank1 = on_two_ranks(_normalise_on, batches)
+    assert rank0 == rank1
+    alone = RunningNorm((2,))
+    alone.update(torch.cat([data[0], data[1]]))
+    alone.update(torch.cat([data[2], data[3]]))
+    np.testing.assert_allclose(rank0[0], alone.mean.tolist(), rtol=1e-6)
+    np.testing.assert_allclose(rank0[1], alone.var.tolist(), rtol=1e-5)
+    assert rank0[2] == 24
+    all_rows = torch.cat(data).double()
+    np.testing.assert_allclose(rank0[0], all_rows.mean(0).tolist(), rtol=1e-6)
+    np.testing.assert_allclose(rank0[1], all_rows.var(0, unbiased=False).tolist(), rtol=1e-5)
+
+
+def _agree_on(rank, peers):
+    first = peers.agree(stop=False, counts=torch.tensor([10.0 + rank, 1.0]))
+    second = peers.agree(stop=rank == 1, counts=torch.tensor([20.0, 2.0]))
+    return [(stop, counts.tolist()) for stop, counts in (first, second)]
+
+
+def test_a_stop_asked_by_one_rank_is_agreed_by_every_rank_with_the_counters_summed():
+    expected = [(False, [21.0, 2.0]), (True, [40.0, 4.0])]
+    assert on_two_ranks(_agree_on) == [expected, expected]
+
+
+def _check_on(rank, peers, values):
+    peers.check_agreement({"model size": 100, **values[rank]}, {"resumed policy version": "same folder."},
+                          "same command.")
+
+
+def test_ranks_that_differ_are_refused_naming_the_rank_and_the_difference():
+    resumed = [{"resumed policy version": 3, "--lr": 0.001}, {"resumed policy version": 5, "--lr": 0.001}]
+    options = [{"resumed policy version": 3, "--lr": 0.001}, {"resumed policy version": 3, "--lr": 0.01}]
+    for values, sentence in [(resumed, "rank 1's resumed policy version is 5 but rank 0's is 3; same folder."),
+                             (options, "rank 1's --lr is 0.01 but rank 0's is 0.001; same command.")]:
+        for err in on_two_ranks(_check_on, values):
+            assert isinstance(err, PeerError) and str(err) == sentence
+
+
+# --------------------------------------------------------------------------------------
+# The command under torchrun
+
+FAST = ["-m", "fastrl.train", "--env", "CartPole-v1", "--status_every_seconds", "2"]
+
+
+def torchrun(launch: list, args: list) -> TrainRun:
+    return TrainRun([*launch, *FAST, *args], module="torch.distributed.run", env=LOOPBACK)
+
+
+def _weights(summary: dict) -> list:
+    return summary["ranks"]["weights_sha256_by_rank"]
+
+
+def assert_nothing_left(run: TrainRun) -> None:
+    """No process of the launch alive, and no /dev/shm entry of its own. /dev/shm is
+    shared with whatever else runs here: CartPole starts no Doom game, so ViZDoom
+    segments are others', torch's segments name the process that made them
+    (torch_<pid>_...), and an entry gone a second later was another process's shared
+    tensor caught between its creation and its unlink."""
+    assert run.leftover_processes() == [], run.output()
+    ours = {str(pid) for pid in run.descendants | {run.proc.pid}}
+    new = {e for e in run.new_shm_entries()
+           if not e.startswith("ViZDoom") and (not e.startswith("torch_") or e.split("_")[1] in ours)}
+    if new:
+        time.sleep(1.0)
+        new &= shm_entries()
+    assert new == set()
+
+
+def _experiment_files(folder) -> set:
+    return {os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder) for f in files
+            if not f.startswith("events.out.tfevents")}
+
+
+@pytest.mark.slow
+def test_two_ranks_on_one_machine_learn_with_identical_weights_and_resume(tmp_path):
+    # Each rank gets one of this machine's two cores; the batch is per rank.
+    launch = ["--standalone", "--nproc_per_node", "2"]
+    first = torchrun(launch, ["--train_dir", str(tmp_path), "--stop_at_reward", "100",
+                              "--train_for_env_frames", "400000"])
+    assert first.wait(timeout=240) == 0, first.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["reached_reward_mean_100"] >= 100, first.output()
+    assert summary["ranks"]["world_size"] == 2 and len(set(_weights(summary))) == 1, summary
+    assert "on 2 ranks" in first.output() and "2,048 samples per gradient step in all" in first.output()
+    # Rank 0 reports for the run; rank 1 prints nothing and writes nothing.
+    assert sum(line.startswith("fastrl: plan:") for line in first.lines) == 1, first.output()
+    files = _experiment_files(tmp_path / "CartPole-v1")
+    assert {"config.json", "plan.json", "summary.json"} <= files
+    assert len(os.listdir(tmp_path / "CartPole-v1" / "checkpoints")) == 1, files
+    assert len(os.listdir(tmp_path / "CartPole-v1" / "tb")) == 1
+    assert_nothing_left(first)
+
+    state1, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
+    budget = state1["env_frames"] + 20000
+    second = torchrun(launch, ["--train_dir", str(tmp_path), "--train_for_env_frames", str(budget)])
+    assert second.wait(timeout=180) == 0, second.output()
+    state2, _ = load_latest_checkpoint(str(tmp_path / "CartPole-v1" / "checkpoints"))
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert state2["version"] > state1["version"] and state2["env_frames"] >= budget
+    assert summary["env_frames"] - summary["env_frames_this_run"] == state1["env_frames"]
+    step1 = max(int(s["step"]) for s in state1["optimizer"]["state"].values())
+    step2 = max(int(s["step"]) for s in state2["optimizer"]["state"].values())
+    assert step2 > step1  # the resumed ranks began with the first run's Adam moments
+    assert len(set(_weights(summary))) == 1, summary
+    assert_nothing_left(second)
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_train_as_one(tmp_path):
+    # The c10d rendezvous numbers the ranks in the order the nodes join (it ignores
+    # --node_rank), so either node's may be rank 0: the one that prints the status.
+    port = _free_port()
+    nodes = [torchrun(["--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node), "--rdzv_backend", "c10d",
+                       "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "loopback"],
+                      ["--train_dir", str(tmp_path), "--plan", "off", "--num_envs_per_worker", "16",
+                       "--stop_at_reward", "60", "--train_for_env_frames", "400000"])
+             for node in range(2)]
+    codes = [node.wait(timeout=180) for node in nodes]
+    assert codes == [0, 0], "\n---\n".join(node.output() for node in nodes)
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["reached_reward_mean_100"] >= 60 and len(set(_weights(summary))) == 1, summary
+    assert len(os.listdir(tmp_path / "CartPole-v1" / "checkpoints")) == 1
+    assert [any(line.startswith("[") for line in node.lines) for node in nodes].count(True) == 1
+    for node in nodes:
+        assert_nothing_left(node)
+
+
+def _learner_of_rank(run: TrainRun, rank: int) -> psutil.Process:
+    """The learner process of torchrun rank `rank`: the one under the runner that
+    torchrun gave that RANK (the learner's own environment cannot be read: setting
+    its title overwrote it)."""
+    for runner in psutil.Process(run.proc.pid).children():
+        if runner.environ().get("RANK") == str(rank):
+            for child in runner.children(recursive=True):
+                if " ".join(child.cmdline()).strip() == "fastrl: learner":
+                    return child
+    raise AssertionError(f"no learner of rank {rank} found:\n" + run.output())
+
+
+@pytest.mark.slow
+def test_a_killed_learner_stops_every_rank_naming_it(tmp_path):
+    run = torchrun(["--standalone", "--nproc_per_node", "2"], ["--train_dir", str(tmp_path)])
+    try:
+        run.wait_for_line(lambda line: line.startswith("[") and "trained 0 samples/s" not in line, timeout=120)
+        _learner_of_rank(run, 1).send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        assert run.wait(timeout=60) != 0, run.output()
+    finally:
+        run.kill_all()
+    assert time.time() - killed_at < 30, run.output()
+    # Rank 1 names its learner's death; rank 0 either lost it in a collective or was
+    # stopped first by torchrun, which ends the other ranks once one has failed.
+    assert "fastrl: rank 1: learner" in run.output() and "was killed by SIGKILL" in run.output(), run.output()
+    assert_nothing_left(run)
