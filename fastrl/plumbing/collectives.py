@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import torch
@@ -64,20 +65,39 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def attempt_store(rank: Rank, timeout: datetime.timedelta) -> dist.Store:
+    """The key-value store the ranks meet in (torchrun's, at MASTER_ADDR:MASTER_PORT),
+    its keys under a prefix of this torchrun attempt.
+
+    torchrun keeps one store for every attempt of a job (--max_restarts), while
+    init_process_group's own env:// store assumes a new one per attempt and writes
+    each rank's Gloo address under the same key every time: a restarted rank then
+    read its dead predecessor's address, and failed to connect ('Connection
+    refused', torch 2.13). Keys prefixed by the restart count keep attempts apart.
+    Where torchrun's agent does not serve the store (TORCHELASTIC_USE_AGENT_STORE
+    unset, as with a launcher that only sets MASTER_ADDR and MASTER_PORT), rank 0
+    serves it, as env:// would."""
+    agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank.world_size,
+                          is_master=not agent_serves and rank.main, timeout=timeout, multi_tenant=True)
+    return dist.PrefixStore(f"fastrl/attempt_{rank.restarts}", store)
+
+
 class Peers:
     """This learner's membership in the run's process group. Construct it in the
-    learner process (init_process_group reads torchrun's MASTER_ADDR and MASTER_PORT
-    from the environment); every method is a collective that every rank must call in
-    the same order. Seconds spent in them go to `row`'s sync_s."""
+    learner process (it reads torchrun's MASTER_ADDR and MASTER_PORT from the
+    environment); every method is a collective that every rank must call in the same
+    order. Seconds spent in them go to `row`'s sync_s."""
 
     def __init__(self, rank: Rank, backend: str, timeout_s: float, device: torch.device, row: BoardRow):
         self.rank, self.device = rank, device
         self._timer = Timer(row)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's object collectives use the current device
+        timeout = datetime.timedelta(seconds=timeout_s)
         try:
-            dist.init_process_group(backend, init_method="env://", rank=rank.rank, world_size=rank.world_size,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, store=attempt_store(rank, timeout), rank=rank.rank,
+                                    world_size=rank.world_size, timeout=timeout)
         except (RuntimeError, ValueError) as err:
             raise PeerError(f"{rank.name()} could not join the other ranks ({_first_line(err)}); start every rank with "
                             "the same torchrun command, on machines that reach MASTER_ADDR:MASTER_PORT.") from None
