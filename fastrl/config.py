@@ -371,7 +371,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.error_name}: error: {message}\n")
 
 
-def build_parser(prog: str = "python -m fastrl.train", description: str = "Train an agent with asynchronous APPO.",
+TRAIN_DESCRIPTION = ("Train an agent with asynchronous APPO. On several machines or ranks, `torchrun "
+                     "--nproc_per_node N -m fastrl.train ...` runs N ranks, each a whole run with the worker, env and "
+                     "batch counts given here, whose learners average their gradients every step; rank 0 prints and "
+                     "writes for the run (README: Past one machine).")
+
+
+def build_parser(prog: str = "python -m fastrl.train", description: str = TRAIN_DESCRIPTION,
                  error_name: str = "fastrl") -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description=description, allow_abbrev=False, error_name=error_name,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
