@@ -23,7 +23,7 @@ from fastrl.learning.checkpoint import load_latest_checkpoint
 from fastrl.learning.learner import _columns, gradient_step, lag_mask
 from fastrl.plumbing.collectives import PeerError, Peers
 from fastrl.plumbing.proc import start_process_server
-from fastrl.plumbing.ranks import Rank, RankError, core_share, detect_rank
+from fastrl.plumbing.ranks import Rank, RankError, _physical_cores, core_share, detect_rank
 from fastrl.plumbing.stats_board import StatsBoard
 
 LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"}  # Gloo's traffic stays on 127.0.0.1
@@ -92,6 +92,15 @@ def test_ranks_on_one_machine_split_its_physical_cores():
     # Fewer cores than ranks: single threads, then a shared cpu each.
     assert [core_share([0, 1], [[0, 1]], r, 2) for r in range(2)] == [[0], [1]]
     assert [core_share([0, 1], [[0], [1]], r, 3) for r in range(3)] == [[0], [1], [0]]
+
+
+def test_physical_cores_are_read_from_sysfs_and_guessed_where_it_is_silent(tmp_path):
+    for cpu, core in [(0, 0), (1, 1), (2, 0), (3, 1)]:  # two cores, hyperthreads numbered 2 apart
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "physical_package_id").write_text("0\n")
+        (tmp_path / f"cpu{cpu}" / "topology" / "core_id").write_text(f"{core}\n")
+    assert _physical_cores([0, 1, 2, 3], str(tmp_path)) == [[0, 2], [1, 3]]
+    assert _physical_cores([0, 7], str(tmp_path)) == [[0], [7]]  # cpu 7 has no topology: a core of its own
 
 
 # --------------------------------------------------------------------------------------

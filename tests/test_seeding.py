@@ -37,6 +37,13 @@ def test_a_process_seed_changes_with_each_of_its_inputs():
     assert len({base, *others}) == 5
 
 
+def test_torchrun_ranks_draw_their_own_seeds_and_rank_0_those_of_a_run_of_one():
+    alone = process_seed(0, "rollout-worker 0", 0, 0)
+    assert process_seed(0, "rollout-worker 0", 0, 0, rank=0) == alone
+    ranks = [process_seed(0, "rollout-worker 0", 0, 0, rank=r) for r in range(1, 4)]
+    assert len({alone, *ranks}) == 4
+
+
 def test_episode_seeds_of_one_env_never_repeat_nor_meet_its_make_seed():
     make = env_seed(12345, 0)
     episodes = [episode_seed(make, k) for k in range(1, 5001)]
