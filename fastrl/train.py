@@ -4,9 +4,11 @@ from __future__ import annotations
 import sys
 
 from fastrl.config import ConfigError, check_env_and_options, parse_args
+from fastrl.plumbing.timeline import mark
 
 
 def main(argv=None) -> int:
+    mark("main entered")
     cfg, extra = parse_args(argv)
     try:
         from fastrl.plumbing.ranks import RankError, claim_cores, detect_rank
@@ -19,14 +21,19 @@ def main(argv=None) -> int:
             raise ConfigError("--max_restarts restarts a run on one machine, and a rank cannot restart alone; "
                               "under torchrun give torchrun --max_restarts instead, which restarts every rank.")
         check_env_and_options(cfg, writes=rank.main)  # cheap checks first: bad input starts no process at all
+        mark("config checked")
         claim_cores(rank)  # this rank's share of the machine, before any child inherits the affinity
         from fastrl.plumbing.proc import start_process_server
 
         start_process_server()  # its imports then overlap the runner's own
+        mark("process server started")
         import torch
 
         torch.set_num_threads(1)  # the runner only watches; compute belongs to the children
+        mark("torch imported")
         from fastrl.runtime.runner import train
+
+        mark("runner imported")
 
         return train(cfg, extra.explicit, rank)
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)

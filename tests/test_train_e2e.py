@@ -8,6 +8,7 @@ import pytest
 from helpers import TESTS, TrainRun, read_summary
 
 from fastrl.learning.checkpoint import load_latest_checkpoint
+from fastrl.plumbing import timeline
 
 # Small and quick on CPU, and what the tuned CartPole defaults look like.
 FAST = ["--env", "CartPole-v1", "--status_every_seconds", "1"]
@@ -15,8 +16,9 @@ FAST = ["--env", "CartPole-v1", "--status_every_seconds", "1"]
 
 @pytest.mark.parametrize("placement", [[], ["--inference", "policy_worker"]], ids=["planned", "policy_worker"])
 def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path, placement):
+    marks = tmp_path / "timeline.tsv"
     run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--stop_at_reward", "195",
-                    "--train_for_env_frames", "3000000", *placement])
+                    "--train_for_env_frames", "3000000", *placement], env={timeline.ENV_VAR: str(marks)})
     assert run.wait(timeout=150) == 0, run.output()
     # --plan auto (the default) printed its plan, saved it, and set the measured rate beside it.
     assert "fastrl: plan:" in run.output() and "measured" in run.output()
@@ -34,6 +36,13 @@ def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path, placement):
     assert summary["env_frames"] > 0 and summary["fps"] > 0
     assert set(summary) >= {"env_frames", "wall_seconds", "fps", "mean_return_100", "episodes",
                             "reached_reward_at_seconds", "reached_reward_mean_100"}
+    # Start-up: how long from launch to the first trained batch, said once and kept.
+    assert 0 < summary["first_batch_s"] < summary["wall_seconds"]
+    assert sum(line.startswith("fastrl: first batch trained") for line in run.output().splitlines()) == 1
+    # Every process wrote its marks to the timeline that benchmarks/startup.py reads.
+    events = [event for _, _, event in timeline.read(str(marks))]
+    assert {"main entered", "plan made", "learner: first batch trained", "first batch seen"} <= set(events)
+    assert "rollout-worker 0: envs reset" in events and events[-1] != "main entered"
     assert len(run.descendants) >= 3, "expected a learner and rollout workers to have been seen"
     assert run.leftover_processes() == []
     assert run.new_shm_entries() == set()

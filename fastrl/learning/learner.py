@@ -25,6 +25,7 @@ from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.ranks import SOLO, Rank, local_counts, run_count
 from fastrl.plumbing.stats_board import Timer
+from fastrl.plumbing.timeline import mark
 
 QUEUE_TIMEOUT_S = 0.1
 # The metrics message that carries every rank's final weights digest to the runner.
@@ -92,6 +93,8 @@ class Learner:
         cfg, ctx = self.cfg, self.ctx
         pending: list = []
         last_checkpoint = time.time()
+        first = True  # the first batch's marks, for benchmarks/startup.py
+        mark("learner: ready")
         try:
             while True:
                 self.row.beat()
@@ -112,8 +115,13 @@ class Learner:
                     ctx.free_queue.put_many(pending, block=True, timeout=10.0)
                     pending = []
                 self.row.add("samples_received", cfg.batch_size)
+                if first:
+                    mark("learner: first batch gathered")
                 with self.timer("busy_s"):
                     self.train_on(batch)
+                if first:
+                    mark("learner: first batch trained")
+                    first = False
                 threads = int(ctx.learner_threads[0])
                 if threads != torch.get_num_threads():
                     torch.set_num_threads(threads)  # the runner's adapter moved a core to or from the learner

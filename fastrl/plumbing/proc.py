@@ -179,6 +179,9 @@ def run_child(name: str, torch_threads: int, seed: int | None, error_queue, targ
     """Entry point of every child: seed torch with `seed` (see fastrl.plumbing.seeding; None
     leaves it as inherited), run `target(*args)`, and if it raises, send (name,
     traceback) to the runner and exit non-zero."""
+    from fastrl.plumbing.timeline import mark
+
+    mark(f"{name} started")
     init_child(name, torch_threads)
     if seed is not None:
         import torch

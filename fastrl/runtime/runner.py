@@ -58,6 +58,7 @@ from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, u
 from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, per_second
+from fastrl.plumbing.timeline import mark
 from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
@@ -223,6 +224,7 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
             env = spec.make(seed=cfg.seed, **env_options(cfg))
         except Exception as err:  # noqa: BLE001 - the env's own failure, whatever it is (see env_failure)
             raise ConfigError(env_failure(cfg.env, err)) from None
+    mark("spec env made")
     try:
         obs_space, action_space = env.observation_space, env.action_space
         if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
@@ -231,9 +233,12 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
         # Decided before the plan, which profiles the model in it, and with
         # --plan off too; once, here, for every process of the run.
         precision = resolve_precision(cfg, obs_space, action_space)
+        mark("precision decided")
         plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, announce=rank.main)
+        mark("plan made")
     finally:
         env.close()
+    mark("spec env closed")
     if plan is not None:
         cfg = planner.apply(cfg, plan)
         try:
@@ -293,6 +298,7 @@ class Runner:
         self.adapt = cfg.adapt and "learner_threads" not in (explicit or set())
         self.adapter = ThreadAdapter(None, cfg.num_workers, usable_cores(), cfg.learner_threads or cfg.torch_threads)
         self.ctx = self._build_context(model)
+        mark("shared context built")
         self.adapter.board = self.ctx.board
         self.processes: list = []
         self.spawned: collections.Counter = collections.Counter()  # name -> processes started under it
@@ -312,6 +318,7 @@ class Runner:
         self.rollout_processes: dict = {}  # worker index -> its current process
         self.policy_processes: dict = {}  # policy worker index -> its current process
         self.training_since: Optional[float] = None  # when the first sample was trained
+        self.first_batch_s: Optional[float] = None  # seconds from the command's launch to training_since
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
         self._last_report = 0.0
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds, cfg.max_worker_restarts)
@@ -386,6 +393,7 @@ class Runner:
             self.rollout_processes[i] = self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
         if cfg.eval_every_frames > 0 and self.learn and self.rank.main:
             self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.frames_offset)
+        mark("children spawned")
 
     def replace_rollout_worker(self, dead, index: int) -> None:
         self.processes.remove(dead)
@@ -606,13 +614,22 @@ class Runner:
             print(f"{self._tag()}{failure.text.rstrip()}\n{self._tag()}{then}.", file=sys.stderr, flush=True)
             return 1, failure.text.splitlines()[0].rstrip(":.")
         if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
-            self.training_since = time.time()
+            self._note_first_batch(start)
         if observer is not None:
             observer(self, elapsed)
         reason = self._should_stop(elapsed)
         if reason or elapsed - self._last_report >= self.cfg.status_every_seconds:
             self._report(elapsed, monitor)
         return (0, reason) if reason else None
+
+    def _note_first_batch(self, start: float) -> None:
+        """Note when training began, and say how long start-up took: the wait a user
+        sits through before anything learns, which the planner's profile, the
+        engines' start and the first rollouts add up to."""
+        self.training_since = time.time()
+        self.first_batch_s = self.training_since - start
+        mark("first batch seen")
+        self.say(f"first batch trained {self.first_batch_s:.1f} s after launch")
 
     def _report(self, elapsed: float, monitor) -> None:
         """The status line and its scalars, drift warnings (rank 0), and the thread
@@ -669,6 +686,7 @@ class Runner:
             "episodes": int(self.count("episodes")),
             "reached_reward_at_seconds": self.reached_reward_at,
             "reached_reward_mean_100": self.reached_reward_mean,
+            "first_batch_s": self.first_batch_s,
             "samples_trained": self.count("samples_trained"),
             "samples_dropped": self.count("samples_dropped"),
             "learner_steps": self.ctx.board.get("learner", "learner_steps"),

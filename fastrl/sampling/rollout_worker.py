@@ -16,6 +16,7 @@ from fastrl.plumbing.polling import get_many_polling
 from fastrl.plumbing.proc import pin_to_core, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed
 from fastrl.plumbing.stats_board import Timer
+from fastrl.plumbing.timeline import mark
 from fastrl.sampling.env_split import SplitEnvs
 from fastrl.sampling.inference import LocalPolicy, RemotePolicy
 
@@ -49,13 +50,18 @@ class RolloutWorker:
         for s in range(cfg.num_splits):
             seeds = [env_seed(worker_seed, s * n + i) for i in range(n)]
             self.splits.append(SplitEnvs(self.spec, env_options(cfg), seeds, self.views, ctx.action_spec,
-                                         on_env_made=self.row.beat))
+                                         on_env_made=self._env_made))
+        mark(f"rollout-worker {index}: envs made")
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
         self.t = [0] * cfg.num_splits  # step within it
         self._last_flush = time.time()
         # The count a predecessor in this slot left on the board: a restarted worker
         # adds its envs' restarts to it instead of setting the total back to 0.
         self._env_restarts_before = self.row.get("env_restarts")
+
+    def _env_made(self) -> None:
+        self.row.beat()  # making many slow envs (ViZDoom games) is progress, not a hang
+        mark(f"rollout-worker {self.index}: env made")
 
     # -- trajectory bookkeeping -----------------------------------------------------
     def _take_free_buffer(self) -> int | None:
@@ -130,6 +136,7 @@ class RolloutWorker:
             with self.timer("busy_s"):
                 split.reset_all(buf, 0)
             self.ctx.buffers.rnn_state0[buf] = 0.0
+        mark(f"rollout-worker {self.index}: envs reset")
         return True
 
     # -- main loops -----------------------------------------------------------------
