@@ -43,6 +43,11 @@ class EnvSpec:
     make: Callable[..., gymnasium.Env] = field(repr=False)  # make(seed: int | None = None, **options)
     frameskip: int = 1  # env frames per agent step
     description: str = ""
+    # Whether several threads may call make at once, and gain from it. True only
+    # where making an env mostly waits with the GIL released (a ViZDoom engine
+    # starting in its own process); an arbitrary gymnasium env is not known to be
+    # thread-safe to make, and a cheap one would only pay for the threads.
+    parallel_make: bool = False
 
 
 def _doom_spec(name: str) -> EnvSpec:
@@ -55,7 +60,7 @@ def _doom_spec(name: str) -> EnvSpec:
 
         return make_doom_env(name, seed, **options)
 
-    return EnvSpec(name=name, make=make, frameskip=4, description=scenario.description)
+    return EnvSpec(name=name, make=make, frameskip=4, description=scenario.description, parallel_make=True)
 
 
 def _gymnasium_spec(env_id: str) -> EnvSpec:

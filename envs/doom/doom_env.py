@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import time
 
 import cv2
@@ -61,6 +62,10 @@ VIZDOOM_FAILURES = (
 )
 
 _cv2_threads_set = False
+# File descriptor 2 is the process's, not a thread's: two games configured at once
+# (envs made in parallel threads) would each take the other's stderr and one would
+# restore it to a deleted file.
+_FD2_LOCK = threading.Lock()
 
 
 def _with_fd2_taken(fn, *args):
@@ -70,7 +75,7 @@ def _with_fd2_taken(fn, *args):
     leaving them loose on the terminal. Anything another thread writes to stderr in
     the moment is taken too, and comes back with them."""
     sys.stderr.flush()
-    with tempfile.TemporaryFile() as taken:
+    with _FD2_LOCK, tempfile.TemporaryFile() as taken:
         saved = os.dup(2)
         os.dup2(taken.fileno(), 2)
         try:
