@@ -55,7 +55,7 @@ class Harness:
         self.board = StatsBoard(["runner", "learner", "rollout_0", "rollout_1"])
         self.ctx = SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space,
                                    params=self.params, board=self.board, stop=StopFlag(),
-                                   precision=Precision("fp32", "fp32", "no image encoder"))
+                                   precision=Precision("fp32", "fp32", "no image encoder"), totals=None)
         self.results = queue.Queue()
         self.cfg = cfg
         self.thread = None
