@@ -72,6 +72,8 @@ from typing import Optional
 
 import psutil
 
+from fastrl.tuning.profiling import machine_info
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTLE_S = 20.0  # untouched training at the end, over which frames must grow
 LEFTOVER_GRACE_S = 10.0
@@ -547,21 +549,10 @@ def run_chaos(args, extra: list, train_dir: str) -> tuple:
     if not all(c["ok"] for c in checks.values()):
         print("chaos: the run's last lines:\n  " + "\n  ".join(run.lines[-15:]), flush=True)
     report = {"env": args.env, "settings": vars(args), "extra_train_args": extra, "command": cmd,
-              "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
+              "machine": {"cpu": machine_info()["cpu"], "cores": os.cpu_count(), "python": platform.python_version()},
               "checks": checks, "frames_per_s": {"before_chaos": fps[0], "during_chaos": fps[1]},
               "faults": [dataclasses.asdict(f) | {"engines_before": sorted(f.engines_before)} for f in faults]}
     return checks, report
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def parse_args(argv: list) -> tuple:
