@@ -710,13 +710,11 @@ class Runner:
 
     def carry(self) -> Earlier:
         """What this run counted, for the Runner that restarts it after its learner died."""
-        board = self.ctx.board
         return Earlier(
             learner_restarts=self.earlier.learner_restarts + 1, death=self.learner_death,
             worker_restarts=self.earlier.worker_restarts + self.supervisor.total_restarts,
-            env_restarts=self.earlier.env_restarts + board.total("env_restarts", "rollout_"),
-            trajectories_discarded=self.earlier.trajectories_discarded + board.total("trajectories_discarded",
-                                                                                     "rollout_"),
+            env_restarts=self.earlier.env_restarts + self.count("env_restarts"),
+            trajectories_discarded=self.earlier.trajectories_discarded + self.count("trajectories_discarded"),
             episodes=self.episodes, returns100=self.returns100, objectives100=self.objectives100)
 
 
