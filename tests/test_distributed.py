@@ -83,6 +83,18 @@ def test_without_torchrun_a_run_is_a_run_of_one():
         detect_rank({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
 
 
+def test_max_restarts_under_torchrun_is_refused_before_anything_starts(monkeypatch, capsys, tmp_path):
+    # A rank cannot restart alone: its learner steps in lockstep with the others'.
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    from fastrl.train import main
+
+    assert main(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--max_restarts", "1"]) == 2
+    assert "under torchrun give torchrun --max_restarts instead" in capsys.readouterr().err
+    assert not os.listdir(tmp_path)
+
+
 def test_ranks_on_one_machine_split_its_physical_cores():
     # 4 cores with hyperthreads numbered 4 apart, as Linux often does: a rank takes
     # whole cores, never one thread of a core whose sibling another rank runs on.
