@@ -120,7 +120,7 @@ class Config:
                                 "image pixel (on by default on Doom: fastrl/presets.py).")
     precision: str = _opt("auto", "Arithmetic of image encoders: fp32; bf16 (bfloat16 convs and FC, float32 weights, GRU, "
                           "heads and loss); auto = on a CPU that computes bfloat16 natively (AVX512-BF16 or AMX), time both "
-                          "and take the faster, for the actors and for the learner apart (a second or two on a machine's first "
+                          "and take the faster, for the actors and for the learner apart (a few CPU seconds on a machine's first "
                           "run of a model, then cached under ~/.cache/fastrl), else fp32; fp32 on CUDA, where bf16 is not "
                           "measured yet. A saved auto is decided again on the machine that resumes or plays it.",
                           choices=("auto", "fp32", "bf16"))
