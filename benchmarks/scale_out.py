@@ -5,6 +5,7 @@ learner step.
     python benchmarks/scale_out.py [--seeds 0 1 2] [--target 300] [--budget_seconds 120]
                                    [--slow_seconds 60] [--allreduce_rounds 10]
                                    [--skip_runs] [--skip_slow_rank] [--skip_allreduce]
+    python benchmarks/scale_out.py --env doom_battle --seeds 0 --budget_seconds 150 --skip_slow_rank --skip_allreduce
 
 Part 1 runs `torchrun --standalone --nproc_per_node N -m fastrl.train --env CartPole-v1`
 as a user would, per seed, for: 1 rank (the whole machine); 2 ranks (each on half the
@@ -15,7 +16,10 @@ rank, and 16 envs per rollout worker, which that batch needs). Each run stops at
 frames/s and samples trained/s (rank 0's status lines, which sum every rank's
 counters, averaged over the lines after training began) and the time from launch to
 the target (summary.json's reached_reward_at_seconds), the median over the seeds,
-and 2 ranks' frames/s as a share of 1 rank's.
+and 2 ranks' frames/s as a share of 1 rank's. With --env other than CartPole-v1 (the
+main job, doom_battle, whose learner step is ~500x CartPole's), each run trains for
+--budget_seconds with no target, and the half-batch variant is left out: its env
+counts are CartPole's.
 
 Part 2, a slow rank: 2 ranks train CartPole-v1 for --slow_seconds, once as they are
 and once with a busy loop pinned to the last cpu, which is in rank 1's share: rank 1
@@ -58,10 +62,10 @@ BATCH = 1024  # CartPole's per-rank batch (the trainer's default)
 # --------------------------------------------------------------------------------------
 # Part 1: 1 rank against 2 on the same machine
 
-def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str) -> dict:
-    """One torchrun launch of CartPole-v1: its steady rates and its time to a stop_at_reward in `options`."""
+def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str, env: str = "CartPole-v1") -> dict:
+    """One torchrun launch on `env`: its steady rates and its time to a stop_at_reward in `options`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-           "-m", "fastrl.train", "--env", "CartPole-v1", "--seed", str(seed), "--train_dir", train_dir,
+           "-m", "fastrl.train", "--env", env, "--seed", str(seed), "--train_dir", train_dir,
            "--experiment", experiment, "--status_every_seconds", "2", *options]
     loopback = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # ranks on one machine talk over loopback
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=loopback)
@@ -79,25 +83,30 @@ def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str) 
 
 def scale_runs(args) -> None:
     # Half the batch needs half the envs per rollout worker, as a buffer holds rollout x envs samples.
-    variants = [("1 rank", 1, []), ("2 ranks", 2, []),
-                ("2 ranks, half batch each", 2, ["--batch_size", str(BATCH // 2), "--num_envs_per_worker", "16"])]
+    cartpole = args.env == "CartPole-v1"
+    variants = [("1 rank", 1, []), ("2 ranks", 2, [])]
+    if cartpole:
+        half = ["--batch_size", str(BATCH // 2), "--num_envs_per_worker", "16"]
+        variants.append(("2 ranks, half batch each", 2, half))
     results = {}
     with tempfile.TemporaryDirectory() as train_dir:
         for seed in args.seeds:
             for name, ranks, options in variants:  # interleaved, so that a slow spell hits every variant
-                budget = ["--stop_at_reward", str(args.target), "--train_for_seconds", str(args.budget_seconds)]
-                r = _run(ranks, seed, [*budget, *options], train_dir, f"r{ranks}_s{seed}_{len(options)}")
+                budget = ["--train_for_seconds", str(args.budget_seconds)]
+                if cartpole:
+                    budget += ["--stop_at_reward", str(args.target)]
+                r = _run(ranks, seed, [*budget, *options], train_dir, f"r{ranks}_s{seed}_{len(options)}", args.env)
                 results.setdefault(name, []).append(r)
                 sync = f", rank 0's learner in collectives {r['sync_s']:.1f} s" if r["sync_s"] is not None else ""
+                target = f"{r['to_target_s']:.1f} s to {args.target:g} " if cartpole else ""
                 print(f"seed {seed}, {name}: {r['fps']:,.0f} env frames/s, {r['samples_per_s']:,.0f} samples/s, "
-                      f"{r['to_target_s']:.1f} s to {args.target:g} (run {r['wall_s']:.0f} s{sync})", flush=True)
+                      f"{target}(run {r['wall_s']:.0f} s{sync})", flush=True)
     base = statistics.median(r["fps"] for r in results["1 rank"])
     for name, runs in results.items():
         fps = statistics.median(r["fps"] for r in runs)
-        print(f"{name}: median {fps:,.0f} env frames/s ({fps / base:.2f}x 1 rank), "
-              f"{statistics.median(r['samples_per_s'] for r in runs):,.0f} samples/s, "
-              f"{statistics.median(r['to_target_s'] for r in runs):.1f} s to {args.target:g} "
-              f"over seeds {args.seeds}")
+        target = f"{statistics.median(r['to_target_s'] for r in runs):.1f} s to {args.target:g} " if cartpole else ""
+        print(f"{name} ({args.env}): median {fps:,.0f} env frames/s ({fps / base:.2f}x 1 rank), "
+              f"{statistics.median(r['samples_per_s'] for r in runs):,.0f} samples/s, {target}over seeds {args.seeds}")
 
 
 # --------------------------------------------------------------------------------------
@@ -206,6 +215,8 @@ def allreduce_share(args) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1",
+                        help="part 1's env; only CartPole-v1 has a target and a half-batch variant")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--target", type=float, default=300.0)
     parser.add_argument("--budget_seconds", type=float, default=120.0, help="give up on a run after this long")
