@@ -50,7 +50,8 @@ class Config:
     torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal time from other processes.")
     learner_threads: int = _opt(0, "Torch threads for the learner (0 = --torch_threads); worth more than one when the learner is the bottleneck and a core would otherwise idle.")
     num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus two learner batches). Fewer buffers throttle sampling and lower the policy lag.")
-    plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two and picks workers, envs, "
+    plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two (a few at most on a busy machine, "
+                     "whose profile is not cached) and picks workers, envs, "
                      "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
                      "or a plan.json to reuse.")
     worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes. With more busy processes than cores, "
@@ -121,8 +122,8 @@ class Config:
     precision: str = _opt("auto", "Arithmetic of image encoders: fp32; bf16 (bfloat16 convs and FC, float32 weights, GRU, "
                           "heads and loss); auto = on a CPU that computes bfloat16 natively (AVX512-BF16 or AMX), time both "
                           "and take the faster, for the actors and for the learner apart (a few CPU seconds on a machine's first "
-                          "run of a model, then cached under ~/.cache/fastrl), else fp32; fp32 on CUDA, where bf16 is not "
-                          "measured yet. A saved auto is decided again on the machine that resumes or plays it.",
+                          "run of a model, then cached under ~/.cache/fastrl unless a busy machine cut it short), else fp32; "
+                          "fp32 on CUDA, where bf16 is not measured yet. A saved auto is decided again on the machine that resumes or plays it.",
                           choices=("auto", "fp32", "bf16"))
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
                                  "costs a second encoder pass, so image models may prefer false.")

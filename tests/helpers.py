@@ -182,3 +182,26 @@ def forge_checkpoint(path, state) -> bytes:
     with open(path, "wb") as fh:
         fh.write(ckpt._HEADER.pack(ckpt.MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
     return payload
+
+
+def count_timed_calls(monkeypatch, module) -> list:
+    """Wrap `module`'s time_interleaved (fastrl.tuning.profiling's, or a module's that
+    imported it) so that every call of a timed fn is counted: returns the list of
+    {key: calls}, one per measurement, that it fills."""
+    original = module.time_interleaved
+    measurements = []
+
+    def counted(calls, *args, **kwargs):
+        counts = dict.fromkeys(calls, 0)
+        measurements.append(counts)
+
+        def wrap(key, fn):
+            def call():
+                counts[key] += 1
+                fn()
+            return call
+
+        return original({key: (t, wrap(key, fn)) for key, (t, fn) in calls.items()}, *args, **kwargs)
+
+    monkeypatch.setattr(module, "time_interleaved", counted)
+    return measurements

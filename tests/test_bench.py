@@ -300,12 +300,12 @@ def test_model_timings_interleave_rounds_and_take_the_median():
 
     previous = torch.get_num_threads()
     try:
-        medians = profiling.time_interleaved({"a": (1, call("a", 1e-3)), "b": (2, call("b", 2e-3)),
-                                              "c": (1, call("c", 3e-3))}, seconds=0.0, min_rounds=5,
-                                             clock=lambda: now[0])
+        medians, capped = profiling.time_interleaved({"a": (1, call("a", 1e-3)), "b": (2, call("b", 2e-3)),
+                                                      "c": (1, call("c", 3e-3))}, seconds=0.0, min_rounds=5,
+                                                     clock=lambda: now[0])
     finally:
         torch.set_num_threads(previous)
-    assert medians == pytest.approx({"a": 1e-3, "b": 2e-3, "c": 3e-3})
+    assert medians == pytest.approx({"a": 1e-3, "b": 2e-3, "c": 3e-3}) and not capped
     timed = calls[3 * profiling.WARMUP_CALLS:]
     assert timed == ["a", "b", "c"] * 5  # rounds, not blocks, and at least min_rounds of them
     assert thread_counts[3 * profiling.WARMUP_CALLS:] == [1, 2, 1] * 5  # each call on its own thread count
@@ -319,6 +319,36 @@ def test_model_timings_run_until_the_budget_is_spent():
     def fn():
         now[0] += 0.1
 
-    medians = profiling.time_interleaved({"x": (1, fn)}, seconds=1.0, min_rounds=1, clock=lambda: now[0])
-    assert medians["x"] == pytest.approx(0.1)
+    timed = profiling.time_interleaved({"x": (1, fn)}, seconds=1.0, min_rounds=1, clock=lambda: now[0])
+    assert timed.per_call["x"] == pytest.approx(0.1) and not timed.capped
     assert now[0] == pytest.approx(0.1 * (profiling.WARMUP_CALLS + 10))
+
+
+@pytest.mark.parametrize("cap_s, order, past_cap", [
+    # Past the cap in the warm-up: the warm-up calls left are skipped, and each key
+    # is timed on one call, started past the cap.
+    (2.5, "aab" "abc", "abc"),
+    # Past the cap in the second round: the call in progress is the last.
+    (9.5, "aabbcc" "abc" "a", ""),
+])
+def test_a_wall_clock_cap_ends_the_timing_however_slow_the_calls(monkeypatch, cap_s, order, past_cap):
+    # Every call takes 1 s, as on a machine too busy to give these calls a core: the
+    # budget (100 s) and the rounds it asks for (3) would take 15 s. The cap ends
+    # the timing with a number for every key, and no call starts past it but a
+    # key's first timed one.
+    from fastrl.tuning import profiling
+
+    monkeypatch.setattr(profiling, "WARMUP_CALLS", 2)
+    now, started = [0.0], []
+
+    def call(name):
+        def fn():
+            started.append((name, now[0]))
+            now[0] += 1.0
+        return fn
+
+    timed = profiling.time_interleaved({k: (1, call(k)) for k in "abc"}, seconds=100.0, min_rounds=3,
+                                       clock=lambda: now[0], cap_s=cap_s, wall=lambda: now[0])
+    assert timed.capped and timed.per_call == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})
+    assert "".join(name for name, _ in started) == order
+    assert "".join(name for name, t in started if t >= cap_s) == past_cap

@@ -2,9 +2,11 @@
 predictions agree with the plan it makes."""
 import dataclasses
 import json
+import math
 import os
 
 import pytest
+from helpers import count_timed_calls
 
 from fastrl.config import Config
 from fastrl.plumbing.proc import on_one_core
@@ -131,24 +133,87 @@ def test_cached_profile_is_reused_until_the_code_or_the_precision_changes(tmp_pa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     profiled = []
 
-    def fake_profile(cfg_, env, obs_space, action_space, seconds, precision):
+    def fake_profile(cfg_, env, obs_space, action_space, seconds, precision, cap_s, one_thread):
         profiled.append(precision)
-        return learner_bound(2)
+        return learner_bound(2), False
 
     monkeypatch.setattr(profiling, "profile_costs", fake_profile)
     env = type("Env", (), {"observation_space": None, "action_space": None})()
     fp32 = Precision("fp32", "fp32", "test")
-    first, cached = profiling.cached_costs(cfg(), env, 1.0, fp32)
-    assert not cached and first == learner_bound(2)
-    again, cached = profiling.cached_costs(cfg(), env, 1.0, fp32)
+    first, cached, capped = profiling.cached_costs(cfg(), env, 1.0, fp32, 6.0)
+    assert not cached and not capped and first == learner_bound(2)
+    again, cached, _ = profiling.cached_costs(cfg(), env, 1.0, fp32, 6.0)
     assert cached and again == first and len(profiled) == 1
     # The model's costs in another arithmetic are another profile.
     bf16_acting = Precision("bf16", "fp32", "test")
-    _, cached = profiling.cached_costs(cfg(), env, 1.0, bf16_acting)
+    _, cached, _ = profiling.cached_costs(cfg(), env, 1.0, bf16_acting, 6.0)
     assert not cached and profiled[-1] == bf16_acting
     monkeypatch.setattr(profiling, "_source_digest", lambda: "edited sources")
-    _, cached = profiling.cached_costs(cfg(), env, 1.0, fp32)
+    _, cached, _ = profiling.cached_costs(cfg(), env, 1.0, fp32, 6.0)
     assert not cached and len(profiled) == 3
+
+
+def _cartpole():
+    from fastrl.envs.registry import get_spec
+
+    return get_spec("CartPole-v1").make(seed=0)
+
+
+def test_a_profile_past_its_cap_times_each_call_once_and_is_neither_cached_nor_silent(tmp_path, monkeypatch, capsys):
+    # A cap of 0 s stands for a machine so busy that every call overruns it: the
+    # profile still gets a number for every cost it needs, from one call each, no
+    # warm-up and no second round, and the runner says so and caches nothing.
+    from fastrl.algo.model import Precision
+    from fastrl.runtime import runner
+    from fastrl.tuning import profiling
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(runner, "PROFILE_CAP_S", 0.0)
+    timed = count_timed_calls(monkeypatch, profiling)
+    env = _cartpole()
+    try:
+        plan = runner.make_plan(cfg(hidden_sizes="16", rollout=8, batch_size=64), set(), env, resuming=False,
+                                precision=Precision("fp32", "fp32", "test"))
+    finally:
+        env.close()
+    (counts,) = timed
+    assert plan is not None and set(counts.values()) == {1}
+    assert {key[0] for key in counts} == {"forward", "train"}
+    assert "the planner's profile hit its 0-s cap: its numbers were taken under load" in capsys.readouterr().out
+    assert not (tmp_path / "fastrl").exists()
+
+
+def test_the_profile_takes_the_models_one_thread_costs_and_times_the_learner_on_two_threads_only(tmp_path,
+                                                                                               monkeypatch):
+    from fastrl.algo.model import Precision
+    from fastrl.plumbing.proc import usable_cores
+    from fastrl.tuning import profiling
+
+    timed = count_timed_calls(monkeypatch, profiling)
+    given = profiling.OneThreadCosts(forward_s={b: 1e-5 * b for b in profiling.FORWARD_BATCHES}, train_s=3e-4,
+                                     capped=False)
+    env = _cartpole()
+    try:
+        costs, capped = profiling.profile_costs(cfg(hidden_sizes="16", rollout=8), env, env.observation_space,
+                                                env.action_space, 0.3, Precision("fp32", "fp32", "test"), math.inf,
+                                                given)
+    finally:
+        env.close()
+    assert costs.forward_s == given.forward_s and costs.train_s[1] == given.train_s and not capped
+    if usable_cores() >= 2:
+        (counts,) = timed
+        assert set(counts) == {("train", 2, None)} and set(costs.train_s) == {1, 2}
+    else:
+        assert not timed and set(costs.train_s) == {1}
+    # One-thread costs timed on a busy machine make the profile one taken under load.
+    env = _cartpole()
+    try:
+        _, capped = profiling.profile_costs(cfg(hidden_sizes="16", rollout=8), env, env.observation_space,
+                                            env.action_space, 0.3, Precision("fp32", "fp32", "test"), math.inf,
+                                            dataclasses.replace(given, capped=True))
+    finally:
+        env.close()
+    assert capped
 
 
 def _learner_share(costs, plan) -> float:

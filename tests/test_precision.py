@@ -3,6 +3,7 @@ measured once per machine and model in the runner's process (with --plan off
 too), and each choice reaches the processes that build the models; fp32 without
 measuring where bf16 cannot pay."""
 import json
+import math
 import os
 import types
 
@@ -10,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import make_experiment
+from helpers import count_timed_calls, make_experiment
 
 from fastrl import enjoy
 from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, native_bf16
@@ -20,7 +21,7 @@ from fastrl.plumbing.params import SharedParams
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.sampling.inference import PolicyCopy
 from fastrl.tuning import precision
-from fastrl.tuning.precision import bf16_ratios, resolve_precision
+from fastrl.tuning.precision import bf16_ratios, decide_precision, resolve_precision
 from fastrl.tuning.profiling import FORWARD_BATCHES
 
 IMAGE = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)  # the smallest frame the conv encoder takes
@@ -51,14 +52,25 @@ def set_native_bf16(monkeypatch, native: bool) -> None:
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
 
 
-def fake_measurement(monkeypatch, acting: float, learning: float) -> list:
-    """Replace the timing with one that says `acting` and `learning`; returns the
-    list of calls, one entry per measurement."""
+def no_cap(monkeypatch) -> None:
+    """No wall-clock cap on the start-up's measurements: a test run niced on a busy
+    machine may get a few percent of a core, and a measurement that hit its cap
+    is not cached, which is not what these tests are about."""
+    from fastrl.runtime import runner
+
+    monkeypatch.setattr(precision, "MEASURE_CAP_S", math.inf)
+    monkeypatch.setattr(runner, "PROFILE_CAP_S", math.inf)
+
+
+def fake_measurement(monkeypatch, acting: float, learning: float, capped: bool = False) -> list:
+    """Replace the timing with one that says `acting` and `learning` (and that it
+    hit its cap, a busy machine's, if `capped`); returns the list of calls, one
+    entry per measurement."""
     calls = []
 
-    def measure(cfg_, obs_space, action_space, seconds):
+    def measure(cfg_, obs_space, action_space, seconds, cap_s):
         calls.append(obs_space)
-        return timings(acting, learning)
+        return timings(acting, learning), capped
 
     monkeypatch.setattr(precision, "measure_precision", measure)
     return calls
@@ -146,9 +158,44 @@ def test_a_measurement_is_cached_per_model_and_remeasured_when_unreadable(monkey
     assert len(measured) == 3
 
 
+def test_the_choice_comes_with_the_models_costs_in_the_chosen_arithmetic_for_the_profile(monkeypatch, cache):
+    set_native_bf16(monkeypatch, True)
+    fake_measurement(monkeypatch, 0.6, 1.4)  # bf16 acting, fp32 learning
+    for how in ("measured", "measured on this machine earlier"):
+        chosen, one_thread = decide_precision(cfg(), IMAGE, ACTIONS)
+        assert chosen.why.startswith(how + ": ") and not one_thread.capped
+        assert one_thread.forward_s == pytest.approx({b: 0.6e-4 for b in FORWARD_BATCHES})
+        assert one_thread.train_s == pytest.approx(1e-3)
+    assert decide_precision(cfg(precision="fp32"), IMAGE, ACTIONS)[1] is None  # nothing timed: the profile times
+
+
+def test_a_measurement_that_hit_its_cap_decides_the_run_and_is_not_cached(monkeypatch, cache):
+    # The cap is hit on a busy machine, where the ratios are the load's as much as
+    # the CPU's (acting once read 1.00x where a quiet minute reads 0.78x).
+    set_native_bf16(monkeypatch, True)
+    measured = fake_measurement(monkeypatch, 0.6, 1.4, capped=True)
+    chosen, one_thread = decide_precision(cfg(), IMAGE, ACTIONS)
+    assert (chosen.acting, chosen.learning) == ("bf16", "fp32") and one_thread.capped
+    assert chosen.why.startswith(f"measured on a busy machine, cut short at {precision.MEASURE_CAP_S:.0f} s and not "
+                                 "cached: ")
+    assert not cache.exists()
+    decide_precision(cfg(), IMAGE, ACTIONS)
+    assert len(measured) == 2
+
+
+def test_a_real_measurement_past_its_cap_still_times_every_call(monkeypatch, cache):
+    # A cap of 0 s: a machine so busy that the measurement overruns it at once.
+    set_native_bf16(monkeypatch, True)
+    monkeypatch.setattr(precision, "MEASURE_CAP_S", 0.0)
+    chosen, one_thread = decide_precision(cfg(), IMAGE, ACTIONS)
+    assert one_thread.capped and "busy machine" in chosen.why and not cache.exists()
+    assert set(one_thread.forward_s) == set(FORWARD_BATCHES) and one_thread.train_s > 0
+
+
 def test_a_real_measurement_here_chooses_and_caches(monkeypatch, cache):
     set_native_bf16(monkeypatch, True)  # a CPU without bf16 emulates it: slower, but it runs
     monkeypatch.setattr(precision, "MEASURE_SECONDS", 0.0)  # the minimum of rounds
+    no_cap(monkeypatch)
     got = resolve_precision(cfg(), IMAGE, ACTIONS)
     assert {got.acting, got.learning} <= {"fp32", "bf16"} and got.why.startswith("measured: ")
     (name,) = os.listdir(cache)
@@ -211,3 +258,52 @@ def test_enjoy_decides_a_saved_auto_on_this_machine(tmp_path, monkeypatch, cache
     monkeypatch.setattr(enjoy, "play_episode", play)
     assert enjoy.main(["--env", REACT, "--experiment", "react", "--train_dir", saved.train_dir, "--episodes", "1"]) == 0
     assert played == [True]  # the acting choice
+
+
+# -- the planner's profile takes the measurement -----------------------------------------------
+
+def test_a_cold_start_times_each_forward_once_and_either_cache_alone_still_works(tmp_path, monkeypatch, cache):
+    # The runner's start-up on an image env, --precision auto and --plan auto, each
+    # forward counted: the precision's measurement times them in both arithmetics,
+    # and the profile takes the chosen one's and times only the learner on 2 threads.
+    from fastrl.plumbing.proc import usable_cores
+    from fastrl.runtime import runner
+    from fastrl.tuning import profiling
+
+    set_native_bf16(monkeypatch, True)
+    monkeypatch.setattr(precision, "MEASURE_SECONDS", 0.0)
+    monkeypatch.setattr(runner, "PROFILE_SECONDS", 0.3)
+    no_cap(monkeypatch)
+    # fp32 whatever the timings say: a choice that changed between two starts would
+    # be another profile (the profile's cache is per arithmetic).
+    monkeypatch.setattr(precision, "MIN_GAIN", 1.0)
+    measurements = {"precision": count_timed_calls(monkeypatch, precision),
+                    "profile": count_timed_calls(monkeypatch, profiling)}
+    config = Config(env=REACT, experiment="react", train_dir=str(tmp_path / "train"), precision="auto", plan="auto",
+                    device="cpu", hidden_sizes="16", num_envs_per_worker=4, rollout=8, batch_size=32, num_minibatches=1)
+    two_threads = {("train", 2, None)} if usable_cores() >= 2 else None
+
+    def start() -> dict:
+        """{measurement: the keys it timed}, of one start-up's measurements."""
+        for made in measurements.values():
+            made.clear()
+        assert runner.prepare_experiment(config, set())[1] is not None  # a plan
+        assert all(len(made) <= 1 for made in measurements.values())
+        return {name: set(made[0]) for name, made in measurements.items() if made}
+
+    def forget(kind: str) -> None:  # delete one cache's file: "precision" or "profile"
+        for name in os.listdir(cache):
+            with open(cache / name) as fh:
+                if ("env_s" in json.load(fh)) == (kind == "profile"):
+                    os.remove(cache / name)
+
+    cold = start()
+    assert cold["precision"] == {(role, p, b) for p in ("fp32", "bf16")
+                                 for role, b in [("learning", None), *(("acting", b) for b in FORWARD_BATCHES)]}
+    assert cold.get("profile") == two_threads
+    assert len(os.listdir(cache)) == 2
+    assert start() == {}  # both cached
+    forget("profile")
+    assert start() == ({"profile": two_threads} if two_threads else {})  # the cached precision's timings
+    forget("precision")
+    assert set(start()) == {"precision"}  # the profile is still cached

@@ -66,10 +66,16 @@ from fastrl.sampling.policy_worker import policy_worker_main
 from fastrl.sampling.rollout_worker import rollout_worker_main
 from fastrl.tuning import planner, profiling
 from fastrl.tuning.adapt import ThreadAdapter
-from fastrl.tuning.precision import resolve_precision
+from fastrl.tuning.precision import decide_precision
 
 JOIN_TIMEOUT_S = 10.0
 PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process server's imports
+# Its bound in wall seconds, whatever the load. On a quiet 2-core machine it takes
+# ~2.6 s (less where --precision auto timed the model's forwards for it); niced
+# beside a training run it took 15 s (24-30 s was seen): its learner step on 2
+# threads took 0.8-4.8 s a call instead of ~0.15 s, the two threads waiting for
+# each other at every parallel region while another program held the second core.
+PROFILE_CAP_S = 6.0
 LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
 POLL_S = 0.05
 
@@ -156,10 +162,11 @@ class _StopSignals:
 
 
 def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precision,
-              announce: bool = True) -> Optional[planner.Plan]:
+              one_thread: Optional[profiling.OneThreadCosts] = None, announce: bool = True) -> Optional[planner.Plan]:
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
     when resuming, else a fresh one from a start-up profile of `env` and the model
-    in the run's `precision`. `announce` prints where the plan came from."""
+    in the run's `precision` (which takes the model's `one_thread` costs where
+    --precision auto timed them). `announce` prints where the plan came from."""
     if cfg.plan == "off":
         return None
     saved = os.path.join(cfg.experiment_dir, "plan.json")
@@ -173,9 +180,12 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         if announce:
             print(f"fastrl: using the plan in {path}", flush=True)
         return plan
-    costs, cached = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision)
+    costs, cached, capped = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision, PROFILE_CAP_S, one_thread)
     if cached and announce:
         print("fastrl: planning from this machine's cached profile of this setup", flush=True)
+    if capped and announce:
+        print(f"fastrl: the planner's profile hit its {PROFILE_CAP_S:.0f}-s cap: its numbers were taken under load "
+              "(a busy machine), so the plan may fit a quiet one less well; it is not cached", flush=True)
     try:
         return planner.choose(costs, cfg, explicit)
     except ValueError as err:
@@ -232,9 +242,10 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
                               f"{action_space}; use --exploration_loss entropy.")
         # Decided before the plan, which profiles the model in it, and with
         # --plan off too; once, here, for every process of the run.
-        precision = resolve_precision(cfg, obs_space, action_space)
+        precision, one_thread = decide_precision(cfg, obs_space, action_space)
         mark("precision decided")
-        plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, announce=rank.main)
+        plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, one_thread=one_thread,
+                         announce=rank.main)
         mark("plan made")
     finally:
         env.close()

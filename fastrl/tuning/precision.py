@@ -14,10 +14,14 @@ measuring: nothing times a GPU's bf16 yet, so nothing backs another choice there
 (local actors on such a machine, which compute on its CPU, stay fp32 too). A model
 without an image encoder has nothing that --precision changes.
 
-`resolve_precision` runs once per run, in the runner's process before any child
+`decide_precision` runs once per run, in the runner's process before any child
 starts (the children get its answer through SharedContext and never measure),
-and in enjoy. Its measurement is cached per machine and setup like the planner's
-profile but apart from it, so that a run with --plan off decides the same way.
+and `resolve_precision` in enjoy. Its measurement is cached per machine and setup
+like the planner's profile but apart from it, so that a run with --plan off
+decides the same way; the profile then takes the chosen arithmetic's timings
+from it (OneThreadCosts) rather than time the same forwards again. A measurement
+that hit its wall-clock cap was taken on a busy machine (its ratio read 1.00x
+once where a quiet minute reads 0.78x): it decides this run, and is not cached.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from fastrl.algo.model import Precision, has_images, native_bf16, obs_layout, re
 from fastrl.tuning.profiling import (
     FORWARD_BATCHES,
     MODEL_OPTIONS,
+    PROFILE_TRAJECTORIES,
+    OneThreadCosts,
     cache_path,
     model_calls,
     time_interleaved,
@@ -43,14 +49,11 @@ from fastrl.tuning.profiling import (
 # learner step each) takes ~0.6 s, so its 3 rounds and 2 warm-up calls take
 # ~4 CPU seconds, once per machine and model.
 MEASURE_SECONDS = 0.5
-# The learner's step is timed on this many trajectories (256 samples at rollout
-# 32), since a Doom minibatch of 1024 takes a second a step. A small step
-# understates bf16's gain, as the costs it does not change (Adam, the GRU's loop
-# over time) weigh more in it: on this project's AMD EPYC bf16 took 0.86x fp32's
-# time at 64 samples, 0.72x at 256 and 0.63x at 1024. At 64 samples, on a loaded
-# machine, one run measured 0.95x and chose fp32 for a learner that bf16 makes
-# 1.6x faster; 256 samples cost ~1.6 CPU seconds more, once.
-TRAJECTORIES = 8
+# Wall seconds the measurement may take whatever the load, model building
+# included: ~4.9 s on a quiet 2-core AMD EPYC for the Doom model, 6.3 s niced
+# beside a training run (its calls run on one thread, which a busy machine slows
+# only by the share of a core it takes).
+MEASURE_CAP_S = 10.0
 # bf16 must save at least this share of fp32's time: fp32 is the exact arithmetic,
 # and repeated measurements of one model on a busy 2-core machine spread by ~3%.
 MIN_GAIN = 0.05
@@ -58,18 +61,29 @@ PRECISIONS = ("fp32", "bf16")
 
 
 def resolve_precision(cfg, obs_space, action_space) -> Precision:
-    """cfg.precision for this machine and this model, `auto` decided as the module's
-    docstring says; --precision fp32 or bf16 forces both roles."""
+    """cfg.precision for this machine and this model (decide_precision's choice)."""
+    return decide_precision(cfg, obs_space, action_space)[0]
+
+
+def decide_precision(cfg, obs_space, action_space) -> tuple:
+    """(Precision, OneThreadCosts or None): cfg.precision for this machine and this
+    model, `auto` decided as the module's docstring says, --precision fp32 or bf16
+    forcing both roles; and the model's costs in the chosen arithmetic where auto
+    timed them (now or on an earlier run), for the planner's profile."""
     if not has_images(obs_space):
-        return Precision("fp32", "fp32", "no image encoder")
+        return Precision("fp32", "fp32", "no image encoder"), None
     if cfg.precision != "auto":
-        return Precision(cfg.precision, cfg.precision, f"--precision {cfg.precision}")
+        return Precision(cfg.precision, cfg.precision, f"--precision {cfg.precision}"), None
     if resolve_device(cfg) == "cuda":
-        return Precision("fp32", "fp32", "auto: bf16 is not measured on GPUs yet")
+        return Precision("fp32", "fp32", "auto: bf16 is not measured on GPUs yet"), None
     if not native_bf16():
-        return Precision("fp32", "fp32", "auto: this CPU has no native bf16")
-    ratios, cached = cached_ratios(cfg, obs_space, action_space)
-    return choose(ratios, "measured on this machine earlier" if cached else "measured")
+        return Precision("fp32", "fp32", "auto: this CPU has no native bf16"), None
+    timings, cached, capped = cached_timings(cfg, obs_space, action_space)
+    how = ("measured on this machine earlier" if cached else
+           f"measured on a busy machine, cut short at {MEASURE_CAP_S:.0f} s and not cached" if capped else "measured")
+    chosen = choose(bf16_ratios(timings), how)
+    return chosen, OneThreadCosts(forward_s=dict(timings["acting"][chosen.acting]),
+                                  train_s=timings["learning"][chosen.learning], capped=capped)
 
 
 def choose(ratios: dict, how: str) -> Precision:
@@ -93,10 +107,12 @@ def bf16_ratios(timings: dict) -> dict:
             "learning": learning["bf16"] / learning["fp32"]}
 
 
-def measure_precision(cfg, obs_space, action_space, seconds: float) -> dict:
+def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float) -> tuple:
     """Seconds per sample of the actors' forward at each of the planner's batch sizes,
     {"fp32": {batch: s}, "bf16": {batch: s}}, and of the learner's gradient step on
-    TRAJECTORIES trajectories, {"fp32": s, "bf16": s}, as {"acting": ..., "learning": ...}.
+    PROFILE_TRAJECTORIES trajectories, {"fp32": s, "bf16": s}, as {"acting": ...,
+    "learning": ...}; and whether the measurement hit `cap_s`, its bound in wall
+    seconds (time_interleaved).
 
     All four are timed in the same rounds (time_interleaved), so that a second in
     which the machine is slower slows fp32 and bf16 alike; in CPU time, not wall
@@ -105,7 +121,8 @@ def measure_precision(cfg, obs_space, action_space, seconds: float) -> dict:
     running a Doom benchmark beside it, four repeats gave ratios within 4% of each
     other, where wall-clock timings of one call were off by up to 3x); and on one
     thread: an actor runs one, and what bf16 saves is a property of the core."""
-    small = replace(cfg, batch_size=cfg.rollout * TRAJECTORIES, num_minibatches=1)
+    start = time.perf_counter()
+    small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
     calls, samples = {}, 0
     for p in PRECISIONS:
         both = Precision(p, p, "timed")
@@ -114,25 +131,32 @@ def measure_precision(cfg, obs_space, action_space, seconds: float) -> dict:
         calls[("learning", p, None)] = (1, train)
     previous = torch.get_num_threads()
     try:
-        per_call = time_interleaved(calls, seconds, clock=time.process_time)
+        timed = time_interleaved(calls, seconds, clock=time.process_time, cap_s=cap_s - (time.perf_counter() - start))
     finally:
         torch.set_num_threads(previous)
-    return {"acting": {p: {b: per_call[("acting", p, b)] / b for b in FORWARD_BATCHES} for p in PRECISIONS},
-            "learning": {p: per_call[("learning", p, None)] / samples for p in PRECISIONS}}
+    per_call = timed.per_call
+    return ({"acting": {p: {b: per_call[("acting", p, b)] / b for b in FORWARD_BATCHES} for p in PRECISIONS},
+             "learning": {p: per_call[("learning", p, None)] / samples for p in PRECISIONS}}, timed.capped)
 
 
-def cached_ratios(cfg, obs_space, action_space) -> tuple:
-    """(bf16_ratios of measure_precision, whether they came from the cache), the
-    timings cached per machine and model (cache_path) as the planner's profile is,
-    so that only a machine's first run of a model pays the second or two."""
+def cached_timings(cfg, obs_space, action_space) -> tuple:
+    """(measure_precision's timings, whether they came from the cache, whether they
+    hit the cap), cached per machine and model (cache_path) as the planner's
+    profile is, so that only a machine's first run of a model pays the few CPU
+    seconds; a measurement that hit the cap is not cached."""
     layout = {key: [list(shape), str(dtype)] for key, (shape, dtype) in obs_layout(obs_space).items()}
     path = cache_path({"precision": {k: getattr(cfg, k) for k in MODEL_OPTIONS}, "obs": layout,
                        "actions": str(action_space)})
     try:
         with open(path) as fh:
-            return bf16_ratios(json.load(fh)), True
-    except (OSError, ValueError, TypeError, KeyError, ZeroDivisionError):
+            saved = json.load(fh)
+        timings = {"acting": {p: {int(b): s for b, s in saved["acting"][p].items()} for p in PRECISIONS},
+                   "learning": {p: float(saved["learning"][p]) for p in PRECISIONS}}
+        bf16_ratios(timings)  # a file that is not a measurement raises here: measure
+        return timings, True, False
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError):
         pass  # no file yet, or one that is not a measurement: measure
-    timings = measure_precision(cfg, obs_space, action_space, MEASURE_SECONDS)
-    write_cache(path, timings)
-    return bf16_ratios(timings), False
+    timings, capped = measure_precision(cfg, obs_space, action_space, MEASURE_SECONDS, MEASURE_CAP_S)
+    if not capped:
+        write_cache(path, timings)
+    return timings, False, capped

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -29,7 +30,7 @@ import queue
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import gymnasium as gym
 import psutil
@@ -241,6 +242,7 @@ class ModelProfile:
     train_minibatch: int
     ppo_epochs: int
     train_s_per_sample: dict
+    capped: bool = False  # its wall-clock cap cut the timing short (time_interleaved)
 
     def forward_core_s(self, batch: int) -> float:
         """Core-seconds per sample of a forward at `batch`, at the most core-efficient
@@ -315,11 +317,19 @@ def _fake_minibatch(cfg, model, obs_space, gen: torch.Generator) -> dict:
     }
 
 
+class Timed(NamedTuple):
+    """What time_interleaved measured: the median seconds of one call of each key,
+    and whether its wall-clock cap cut the timing short."""
+    per_call: dict
+    capped: bool
+
+
 def time_interleaved(calls: dict, seconds: float, min_rounds: int = MIN_ROUNDS, clock=time.perf_counter,
-                     tick=None) -> dict:
-    """Median wall seconds of one call of each of `calls` ({key: (threads, fn)}),
-    timed in rounds that call every fn once, until `seconds` have passed and at
-    least `min_rounds` rounds were timed.
+                     tick=None, cap_s: float = math.inf, wall=time.perf_counter) -> Timed:
+    """Median seconds (on `clock`) of one call of each of `calls` ({key: (threads,
+    fn)}), timed in rounds that call every fn once, until `seconds` have passed and
+    at least `min_rounds` rounds were timed, or until `cap_s` seconds on the `wall`
+    clock have passed since it began.
 
     Rounds rather than one block per fn: on a machine that something else may
     disturb for a second, a block-by-block profile can time one batch size in a
@@ -330,15 +340,32 @@ def time_interleaved(calls: dict, seconds: float, min_rounds: int = MIN_ROUNDS, 
     rounds a slow second slows every key alike, and the median drops the rounds
     it slowed. `threads` is set with torch.set_num_threads before each call
     (the caller restores its own count); each fn is called WARMUP_CALLS times
-    untimed first."""
+    untimed first.
+
+    The cap is what bounds it on a busy machine: warm-up calls and rounds are
+    counts of calls, and each call takes longer the less of a core it gets (the
+    planner's profile, ~2.6 s on a quiet machine, took 24-30 s on a busy one).
+    Past the cap no call starts but a key's first timed one, so that every key
+    has a number: it ends within the cap and the first round's calls."""
+    wall_start = wall()
+
+    def past_cap() -> bool:
+        return wall() - wall_start >= cap_s
+
+    cut = False
     for threads, fn in calls.values():
         torch.set_num_threads(threads)
         for _ in range(WARMUP_CALLS):
+            if past_cap():
+                cut = True
+                break
             fn()
     times = {key: [] for key in calls}
     start = clock()
     while True:
         for key, (threads, fn) in calls.items():
+            if times[key] and past_cap():
+                return Timed({key: statistics.median(ts) for key, ts in times.items()}, True)
             torch.set_num_threads(threads)
             t0 = clock()
             fn()
@@ -347,7 +374,7 @@ def time_interleaved(calls: dict, seconds: float, min_rounds: int = MIN_ROUNDS, 
         if tick:
             tick(elapsed)
         if elapsed >= seconds and len(times[next(iter(times))]) >= min_rounds:
-            return {key: statistics.median(ts) for key, ts in times.items()}
+            return Timed({key: statistics.median(ts) for key, ts in times.items()}, cut)
 
 
 def model_calls(cfg, obs_space, action_space, batch_sizes: Sequence[int], precision: Precision,
@@ -392,26 +419,30 @@ def model_calls(cfg, obs_space, action_space, batch_sizes: Sequence[int], precis
 
 def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
                   seconds: float, device: str = "cpu", progress: Progress = None,
-                  forward_threads: Optional[Sequence[int]] = None, *, precision: Precision) -> ModelProfile:
+                  forward_threads: Optional[Sequence[int]] = None, *, precision: Precision,
+                  cap_s: float = math.inf) -> ModelProfile:
     """Time the model of `cfg` in `precision` on random data (model_calls): a forward
     at every size in `batch_sizes` with torch.set_num_threads(t) for each t in
     `forward_threads` (default: `threads`), and a learner gradient step on one
     minibatch for each t in `threads`, interleaved (time_interleaved) over about
-    `seconds`. Runs in this process and restores its thread count."""
+    `seconds`, and `cap_s` wall seconds at most. Runs in this process and restores
+    its thread count."""
     forwards, train, samples = model_calls(cfg, obs_space, action_space, batch_sizes, precision, device)
     forward_threads = list(threads if forward_threads is None else forward_threads)
     calls = {("forward", t, b): (t, fn) for t in forward_threads for b, fn in forwards.items()}
     calls.update({("train", t, None): (t, train) for t in threads})
     previous = torch.get_num_threads()
     try:
-        per_call = time_interleaved(calls, seconds, tick=(lambda e: progress(min(seconds, e))) if progress else None)
+        timed = time_interleaved(calls, seconds, tick=(lambda e: progress(min(seconds, e))) if progress else None,
+                                 cap_s=cap_s)
     finally:
         torch.set_num_threads(previous)
+    per_call = timed.per_call
     forward_s = {t: {b: per_call[("forward", t, b)] / b for b in forwards} for t in forward_threads}
     train_s = {t: per_call[("train", t, None)] / samples for t in threads}
     return ModelProfile(device=str(torch.device(device)), threads=list(threads), forward_batch_sizes=list(batch_sizes),
                         forward_s_per_sample=forward_s, train_minibatch=samples,
-                        ppo_epochs=cfg.ppo_epochs, train_s_per_sample=train_s)
+                        ppo_epochs=cfg.ppo_epochs, train_s_per_sample=train_s, capped=timed.capped)
 
 
 # --------------------------------------------------------------------------------------
@@ -472,7 +503,15 @@ FORWARD_BATCHES = (4, 8, 16, 32, 64, 128)
 # What a rollout worker adds to a bare env step: the action conversion, the
 # shared-memory writes and the episode bookkeeping (~4 us measured on CartPole).
 WORKER_OVERHEAD_S = 4e-6
-PROFILE_TRAJECTORIES = 8  # the learner is timed on this many trajectories: enough for a stable per-sample cost
+# The learner's step is timed on this many trajectories (256 samples at rollout
+# 32), since a Doom minibatch of 1024 takes a second a step. A small step
+# understates bf16's gain, as the costs it does not change (Adam, the GRU's loop
+# over time) weigh more in it: on this project's AMD EPYC bf16 took 0.86x fp32's
+# time at 64 samples, 0.72x at 256 and 0.63x at 1024. At 64 samples, on a loaded
+# machine, one run measured 0.95x and chose fp32 for a learner that bf16 makes
+# 1.6x faster. --precision auto times the step on as many, so that the profile
+# can take its timings (OneThreadCosts).
+PROFILE_TRAJECTORIES = 8
 ENV_CHUNKS = 4  # timed slices of the env profile, of which the median counts
 MIN_STEPS_PER_CHUNK = 10
 
@@ -505,21 +544,52 @@ def time_env_steps(env, seconds: float, chunks: int = ENV_CHUNKS, clock=time.per
     return statistics.median(per_step[1:] or per_step)
 
 
-def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: Precision) -> Costs:
+@dataclass
+class OneThreadCosts:
+    """The model's costs on one thread in one arithmetic, seconds per sample, as the
+    profile would time them: a forward at each of FORWARD_BATCHES ({batch: s}) and
+    a learner gradient step on PROFILE_TRAJECTORIES trajectories. --precision auto
+    times these in fp32 and bf16 before the profile (fastrl.tuning.precision), and
+    the profile takes the chosen arithmetic's rather than time the same calls again.
+    `capped`: their timing hit its wall-clock cap (a busy machine)."""
+    forward_s: dict
+    train_s: float
+    capped: bool
+
+
+def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: Precision, cap_s: float,
+                  one_thread: Optional[OneThreadCosts] = None) -> tuple:
     """Measure this machine's costs in about `seconds` (plus torch's one-off warm-up
     on first use, ~1.5 s, and at least a few rounds of the model): a third stepping
     `env`, the rest timing the model in the run's `precision` on random data,
     inference at several batch sizes on one thread (actors run one) and a learner
-    gradient pass on 1 and 2 threads, interleaved."""
+    gradient pass on 1 and 2 threads, interleaved. Given the model's `one_thread`
+    costs, timed already, it times only the learner's pass on 2 threads, for a
+    third of `seconds`. --precision auto times in CPU seconds (measure_precision
+    says why), which on a quiet core are the wall seconds this would time, and on
+    a busy one are nearer to what the model costs a core of its own.
+
+    Returns (Costs, whether its wall-clock cap cut it short). `cap_s` bounds it,
+    in wall seconds, whatever the load (time_interleaved says how far)."""
+    start = time.perf_counter()
     cores = usable_cores()
     with on_one_core(cfg.pin_workers):  # where the runner made `env` when workers are pinned
         env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
     small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
     threads = [1, 2] if cores >= 2 else [1]
-    model = measure_model(small, obs_space, action_space, FORWARD_BATCHES, threads, seconds * 2 / 3,
-                          forward_threads=[1], precision=precision)
-    return Costs(cores=cores, env_s=env_s, forward_s=dict(model.forward_s_per_sample[1]),
-                 train_s=dict(model.train_s_per_sample))
+    forward_s, train_s, capped = {}, {}, False
+    batches, model_seconds = FORWARD_BATCHES, seconds * 2 / 3
+    if one_thread is not None:
+        forward_s, train_s, capped = dict(one_thread.forward_s), {1: one_thread.train_s}, one_thread.capped
+        batches, threads, model_seconds = (), threads[1:], seconds / 3
+    if threads:
+        model = measure_model(small, obs_space, action_space, batches, threads, model_seconds,
+                              forward_threads=[1] if batches else [], precision=precision,
+                              cap_s=cap_s - (time.perf_counter() - start))
+        forward_s.update(model.forward_s_per_sample.get(1, {}))
+        train_s.update(model.train_s_per_sample)
+        capped = capped or model.capped
+    return Costs(cores=cores, env_s=env_s, forward_s=forward_s, train_s=train_s), capped
 
 
 def _source_digest() -> str:
@@ -563,11 +633,14 @@ def write_cache(path: str, data: dict) -> None:
         pass  # no cache dir: the next run measures again, nothing worse
 
 
-def cached_costs(cfg, env, seconds: float, precision: Precision) -> tuple:
+def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
+                 one_thread: Optional[OneThreadCosts] = None) -> tuple:
     """profile_costs, remembered per machine and setup (cache_path: the env, model
     options, the run's precision and worker pinning). Returns (costs, whether they
-    came from the cache). A cached profile can be stale if the machine's load
-    changed: --plan auto after deleting the file, or the bench CLI, measures afresh."""
+    came from the cache, whether the profile hit its cap). A cached profile can be
+    stale if the machine's load changed: --plan auto after deleting the file, or
+    the bench CLI, measures afresh. A profile that hit its cap is not cached: its
+    numbers were taken under load, and every later run would plan from them."""
     setup_keys = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
                   "pin_workers")
     # The cores this process may use are part of the setup: a profile taken on the whole
@@ -579,9 +652,11 @@ def cached_costs(cfg, env, seconds: float, precision: Precision) -> tuple:
             data = json.load(fh)
         data["forward_s"] = {int(k): v for k, v in data["forward_s"].items()}
         data["train_s"] = {int(k): v for k, v in data["train_s"].items()}
-        return Costs(**data), True
+        return Costs(**data), True, False
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    costs = profile_costs(cfg, env, env.observation_space, env.action_space, seconds, precision)
-    write_cache(path, asdict(costs))
-    return costs, False
+    costs, capped = profile_costs(cfg, env, env.observation_space, env.action_space, seconds, precision, cap_s,
+                                  one_thread)
+    if not capped:
+        write_cache(path, asdict(costs))
+    return costs, False, capped
