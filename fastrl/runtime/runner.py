@@ -54,7 +54,7 @@ from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
-from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
+from fastrl.plumbing.proc import continue_descendants, on_one_core, run_child, start_process_server, usable_cores
 from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, per_second
@@ -408,8 +408,16 @@ class Runner:
                                                    self.device)
 
     def stop_children(self) -> list:
-        """Ask everyone to stop, wait, then escalate. Returns names that had to be killed."""
+        """Ask everyone to stop, wait, then escalate. Returns names that had to be killed.
+
+        A child stopped by SIGSTOP (a chaos test, a debugger) sees neither the stop
+        flag nor SIGTERM until it is continued. SIGKILL alone would reach it, but
+        only after the joins below ran out (a minute for the learner), long enough
+        for torchrun to SIGKILL this runner first, and without the learner's final
+        checkpoint. So every descendant is continued first, and a stopped child
+        then leaves as a running one does."""
         self.ctx.stop.set()
+        continue_descendants()
         deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if p.name == "learner" else JOIN_TIMEOUT_S)
                     for p in self.processes}
         for p in self.processes:
