@@ -199,6 +199,21 @@ def test_an_env_that_always_raises_stops_the_run_naming_it(tmp_path):
     assert_nothing_left(run)
 
 
+def test_a_worker_killed_holding_a_queue_lock_does_not_wedge_the_run(tmp_path):
+    # The env SIGKILLs its rollout worker while the worker holds the episode queue's
+    # lock, once in the run. The runner reads that queue at every poll: without the
+    # lock watch it waited on the dead worker's lock for good, and so did the run.
+    once = {"FAULTY_ENV_ONCE": str(tmp_path / "once")}
+    run = start(["--env", "faulty_env:DiesHoldingALock-v0", *SMALL, "--train_dir", str(tmp_path),
+                 "--train_for_env_frames", "20000"], env={**TEST_ENVS_ON_PATH, **once})
+    assert finish(run, 90) == 0, run.output()
+    assert re.search(r"the episode queue's lock was held by thread \d+, which is gone; freed it\.", run.output())
+    assert "rollout-worker 0 was killed by signal 9; restarted it with fresh envs" in run.output()
+    summary = read_summary(tmp_path, "faulty_env:DiesHoldingALock-v0")
+    assert summary["worker_restarts"] == 1 and summary["env_frames"] >= 20000
+    assert_nothing_left(run)
+
+
 def kill_and_see_the_run_stop_naming_it(run: TrainRun, name: str) -> None:
     """SIGKILL the process titled 'fastrl: <name>': the run must exit 1 within 15 s,
     naming the process and its cause."""

@@ -55,6 +55,7 @@ from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import continue_descendants, on_one_core, run_child, start_process_server, usable_cores
+from fastrl.plumbing.queue_locks import QueueLockWatch
 from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, per_second
@@ -352,6 +353,13 @@ class Runner:
             totals=RunTotals() if self.rank.distributed else None,
         )
 
+    def queues(self) -> dict:
+        """Every queue of the run, by the name the lock watch gives it."""
+        ctx = self.ctx
+        return {"free-buffer": ctx.free_queue, "trajectory": ctx.traj_queue, "episode": ctx.episode_queue,
+                "metrics": ctx.metrics_queue, "request": ctx.request_queue, "error": self.error_queue,
+                "evaluation": self.eval_queue, **{f"response {i}": q for i, q in enumerate(ctx.response_queues)}}
+
     def _num_policy_workers(self) -> int:
         return self.cfg.num_policy_workers if self.cfg.inference == "policy_worker" else 0
 
@@ -578,6 +586,8 @@ class Runner:
         start = psutil.Process().create_time()
         exit_code, reason = 0, None
         signals = _StopSignals()
+        locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True))
+        locks.start()
         try:
             self.start()
             self.say(self.startup_line())
@@ -597,6 +607,7 @@ class Runner:
             signals.ignore()  # a second Ctrl-C must not cut the shutdown short
             killed = self.stop_children()
             self._drain(start, monitor)
+            locks.stop()
             signals.restore()
             monitor.close(exit_code)
         self._finish(time.time() - start, reason, killed)
