@@ -7,10 +7,12 @@ mutex is not robust (cpp_lib/faster_fifo.cpp sets it process-shared only), so th
 lock stays held by the dead, and every later call on the queue waits forever,
 get_many(block=False) included: fastrl's polling is no way around it. The first
 test and the waiting getter pin that down, and fail if a faster-fifo release makes
-the lock robust; the others show the watch setting such a queue free. (tests/test_reliability.py
-kills a real rollout worker holding a real run's lock.)"""
+the lock robust; the others show the watch setting such a queue free, and
+killing a process stopped inside the lock, which would hold it as long.
+(tests/test_reliability.py kills a real rollout worker holding a real run's lock.)"""
 import ctypes
 import errno
+import math
 import multiprocessing
 import os
 import queue
@@ -19,6 +21,7 @@ import sys
 import time
 
 import faster_fifo
+import psutil
 import pytest
 
 from fastrl.plumbing.queue_locks import SIZE_BYTES, QueueLockWatch, queue_header
@@ -36,10 +39,10 @@ def header_of(q):
     return header
 
 
-def hold_the_lock(q, ready, half_written: bool) -> None:
+def hold_the_lock(q, ready, half_written: bool, then_stop: bool = False) -> None:
     """In a child: take the queue's lock as a put or get does, optionally write half
     a message as a put killed mid-way leaves it (the size prefix written and
-    counted, not the body), say so, and wait to be killed."""
+    counted, not the body), say so, and wait (stopped, if `then_stop`)."""
     header = header_of(q)
     rc = libc.pthread_mutex_lock(ctypes.byref(header.mutex))
     if half_written:
@@ -47,6 +50,8 @@ def hold_the_lock(q, ready, half_written: bool) -> None:
         ctypes.memmove(ctypes.addressof(q.shared_memory) + at, (100).to_bytes(SIZE_BYTES, sys.byteorder), SIZE_BYTES)
         header.tail, header.size = at + SIZE_BYTES, header.size + SIZE_BYTES
     ready.send(rc)
+    if then_stop:
+        os.kill(os.getpid(), signal.SIGSTOP)
     signal.pause()
 
 
@@ -113,7 +118,7 @@ def test_the_watch_frees_the_lock_on_its_second_look_and_the_waiting_get_goes_on
     q, header, dead = orphan()
     getter = waiting_getter(q, header)
     said = []
-    watch = QueueLockWatch({"test": q}, said.append)
+    watch = QueueLockWatch({"test": q}, said.append, hung_s=math.inf)
     try:
         assert watch.look() == []  # a holder seen dead once may be a torn read
         assert watch.look() == ["test"]
@@ -130,7 +135,7 @@ def test_the_watch_frees_the_lock_on_its_second_look_and_the_waiting_get_goes_on
 def test_a_message_half_written_by_the_dead_holder_is_dropped_and_the_rest_kept():
     q, header, _ = orphan(half_written=True)
     said = []
-    watch = QueueLockWatch({"test": q}, said.append)
+    watch = QueueLockWatch({"test": q}, said.append, hung_s=math.inf)
     watch.look()
     assert watch.look() == ["test"] and said[0].endswith("freed it and dropped the message it was writing.")
     assert q.get_many(block=False) == ["a message"]
@@ -145,7 +150,38 @@ def test_a_lock_held_by_a_live_process_is_left_alone():
     header = header_of(q)
     assert libc.pthread_mutex_lock(ctypes.byref(header.mutex)) == 0  # held by this very process
     try:
-        watch = QueueLockWatch({"test": q}, pytest.fail)
+        watch = QueueLockWatch({"test": q}, pytest.fail, hung_s=math.inf)
         assert watch.look() == [] and watch.look() == []
     finally:
         libc.pthread_mutex_unlock(ctypes.byref(header.mutex))
+
+
+def test_a_process_stopped_holding_a_lock_is_killed_as_hung_and_the_lock_freed():
+    # A SIGSTOP (a chaos test's "hang") landing inside a queue call: everyone who
+    # uses the queue waits with it, the runner's supervision too, for as long as it stays stopped.
+    q = faster_fifo.Queue(max_size_bytes=100_000)
+    header = header_of(q)
+    ready, ready_in_child = MP.Pipe()
+    holder = MP.Process(target=hold_the_lock, args=(q, ready_in_child, False, True))
+    holder.start()
+    assert ready.poll(30) and ready.recv() == 0
+    deadline = time.time() + 30
+    while psutil.Process(holder.pid).status() != psutil.STATUS_STOPPED:
+        assert time.time() < deadline, "the holder did not stop itself in 30 s"
+        time.sleep(0.01)
+    assert header.mutex.owner == holder.pid
+    said = []
+    watch = QueueLockWatch({"test": q}, said.append, hung_s=0.0)
+    try:
+        assert watch.look() == []  # first seen holding it
+        assert watch.look() == []  # held since the look before, longer than hung_s: killed
+        holder.join(30)
+        assert holder.exitcode == -signal.SIGKILL
+        assert watch.look() == [] and watch.look() == ["test"]
+    finally:
+        holder.kill()
+        holder.join(10)
+    assert said == [f"pid {holder.pid} held the test queue's lock for over 0 s, hung inside it; killed it.",
+                    f"the test queue's lock was held by thread {holder.pid}, which is gone; freed it."]
+    q.put("after")
+    assert q.get_many(block=False) == ["after"]

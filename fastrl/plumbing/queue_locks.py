@@ -1,11 +1,12 @@
-"""Freeing a faster-fifo queue whose lock a killed process held.
+"""Freeing a faster-fifo queue whose lock a killed or hung process holds.
 
 faster-fifo (1.5) guards each queue with a process-shared pthread mutex that is
 not robust: a process killed inside a put or get (each holds the lock a few
 microseconds) leaves it locked for good, and every later put or get on that
 queue waits for it forever, non-blocking ones included, inside C where no signal
-handler runs. The runner reads the episode queue every poll and would be the
-first to hang, with its supervision; about one kill in a thousand lands there.
+handler runs. The runner reads the episode queue at every poll and would be the
+first to hang, and its supervision with it (earlier chaos runs put it at about
+one kill in a thousand).
 
 A watch in the runner looks at every queue's lock once a second. A lock held,
 on two looks in a row, by a thread that no longer exists is set free, and its
@@ -15,8 +16,13 @@ its body, so a half-written one shows as a size with no body behind it), those
 it had read stay read, and the count of messages is taken again. Releasing the
 lock then wakes one process waiting for it. The alternative, rebuilding every
 queue and re-sending what was in them, would need every process to swap queues
-mid-run; freeing the lock in place keeps each queue and costs the one message
-a killed writer had not finished, which its death would have cost anyway.
+mid-run; freeing the lock in place keeps each queue and costs the one message a
+killed writer had not finished, which its death would have cost anyway.
+
+A process of the run that holds a lock for longer than a worker may stay silent
+is hung inside it (stopped, say: a chaos test's SIGSTOP, a debugger) and holds
+everyone else, the runner's supervision too, for as long: the watch kills it,
+and frees its lock at a later look.
 
 What this reads is glibc's pthread_mutex_t on 64-bit Linux and faster-fifo 1.5's
 struct Queue (cpp_lib/faster_fifo.cpp). A queue whose header does not read back
@@ -25,9 +31,12 @@ the sizes it was made with is not watched: there the hazard stays as it was.
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
 import sys
 import threading
-from typing import Callable, Dict, Optional
+import time
+from typing import Callable, Dict, Optional, Tuple
 
 SIZE_BYTES = ctypes.sizeof(ctypes.c_size_t)  # faster-fifo's size prefix of each message
 
@@ -70,10 +79,19 @@ def thread_alive(tid: int) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"x")
 
 
-def dead_holder(header: _QueueHeader) -> int:
-    """The thread id holding the queue's lock if that thread is gone, else 0."""
+def holder(header: _QueueHeader) -> int:
+    """The id of the thread holding the queue's lock, or 0 while it is free."""
     owner = header.mutex.owner
-    return owner if header.mutex.lock and owner > 0 and not thread_alive(owner) else 0
+    return owner if header.mutex.lock and owner > 0 else 0
+
+
+def process_of(tid: int) -> int:
+    """The process whose thread `tid` is, or 0 once it is gone."""
+    try:
+        with open(f"/proc/{tid}/status") as fh:
+            return next((int(line.split()[1]) for line in fh if line.startswith("Tgid:")), 0)
+    except OSError:
+        return 0
 
 
 def _read(buffer, at: int, n: int) -> bytes:
@@ -114,32 +132,53 @@ def free(q, header: _QueueHeader) -> int:
 
 class QueueLockWatch:
     """Every `every_s` seconds, free any of `queues` (name -> queue) whose lock was
-    held by the same dead thread at the look before, and tell `say` which."""
+    held by the same dead thread at the look before, kill a process of this one's
+    that has held one for more than `hung_s`, and tell `say` what was done."""
 
-    def __init__(self, queues: Dict[str, object], say: Callable[[str], None], every_s: float = 1.0):
+    def __init__(self, queues: Dict[str, object], say: Callable[[str], None], hung_s: float, every_s: float = 1.0):
         self.headers = {name: (q, h) for name, q in queues.items() if (h := queue_header(q)) is not None}
-        self.say, self.every_s = say, every_s
-        self._suspects: Dict[str, int] = {}  # queue name -> the dead holder seen at the last look
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self.say, self.hung_s, self.every_s = say, hung_s, every_s
+        self._seen: Dict[str, Tuple[int, float]] = {}  # queue name -> (its holder, since when seen holding it)
 
     def look(self) -> list:
         """One look at every lock; the names of the queues freed."""
-        freed, suspects = [], {}
+        freed, seen, now = [], {}, time.monotonic()
         for name, (q, header) in self.headers.items():
-            holder = dead_holder(header)
-            if holder and self._suspects.get(name) == holder:
+            tid = holder(header)
+            if not tid:
+                continue
+            since = self._seen[name][1] if self._seen.get(name, (0,))[0] == tid else None
+            if since is not None and not thread_alive(tid):
                 cut = free(q, header)
                 dropped = " and dropped the message it was writing" if cut else ""
-                self.say(f"the {name} queue's lock was held by thread {holder}, which is gone; freed it{dropped}.")
+                self.say(f"the {name} queue's lock was held by thread {tid}, which is gone; freed it{dropped}.")
                 freed.append(name)
-            elif holder:
-                suspects[name] = holder
-        self._suspects = suspects
+                continue
+            if since is not None and now - since > self.hung_s:
+                self._kill_hung(name, tid)
+                continue  # seen afresh at the next look, dead: freed at the one after
+            seen[name] = (tid, now if since is None else since)
+        self._seen = seen
         return freed
+
+    def _kill_hung(self, name: str, tid: int) -> None:
+        """SIGKILL the process of `tid` if it is one of this process's own; a later
+        look then frees the lock it held."""
+        import psutil
+
+        pid = process_of(tid)
+        if pid not in {p.pid for p in psutil.Process().children(recursive=True)}:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            return
+        self.say(f"pid {pid} held the {name} queue's lock for over {self.hung_s:g} s, hung inside it; killed it.")
 
     def start(self) -> None:
         # A thread, not the runner's loop: the loop may be the one waiting on the lock.
+        self._stop = threading.Event()
+
         def run():
             while not self._stop.wait(self.every_s):
                 self.look()
@@ -149,5 +188,4 @@ class QueueLockWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()

@@ -586,7 +586,7 @@ class Runner:
         start = psutil.Process().create_time()
         exit_code, reason = 0, None
         signals = _StopSignals()
-        locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True))
+        locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True), cfg.worker_timeout_seconds)
         locks.start()
         try:
             self.start()
