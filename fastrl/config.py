@@ -166,7 +166,8 @@ class Config:
     checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
     status_every_seconds: float = _opt(5.0, "Seconds between console status lines.")
-    worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs).")
+    worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs); "
+                                       "so is any process holding a queue's lock this long, hung inside a queue call.")
     max_worker_restarts: int = _opt(5, "A rollout or policy worker killed or hung more often than this within 10 minutes stops the run, "
                                     "named with its cause, instead of being restarted again: a worker that keeps dying has a cause to fix.")
     max_restarts: int = _opt(0, "When the learner dies (it raised, or was killed), restart the whole run from the newest good checkpoint "

@@ -11,8 +11,17 @@ Each counts steps per instance, so a re-created env starts its count again:
     NanReward-v0   NaN rewards from its 300th step on; the run must stop.
     SelfHealing-v0 at its 3rd step, restarts itself as a ViZDoom env does when its
                    engine dies: the episode ends truncated with info["env_restarted"].
+    DiesHoldingALock-v0  at its 20th step in a rollout worker, once in the run (the
+                   first to create the file FAULTY_ENV_ONCE names), takes the lock of
+                   the run's episode queue, as a put does, and SIGKILLs its worker.
 Episodes are 50 steps (truncated), with random observations and reward 1.
 """
+import ctypes
+import gc
+import multiprocessing
+import os
+import signal
+
 import gymnasium as gym
 import numpy as np
 
@@ -51,8 +60,34 @@ class FaultyEnv(gym.Env):
         return obs, float("nan") if nan else 1.0, False, self._t >= EPISODE_STEPS, {}
 
 
+def _first_in_the_run() -> bool:
+    try:
+        os.close(os.open(os.environ["FAULTY_ENV_ONCE"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except (KeyError, FileExistsError):
+        return False
+
+
+def _die_holding_the_episode_queue_lock() -> None:
+    from fastrl.plumbing.context import SharedContext
+    from fastrl.plumbing.queue_locks import queue_header
+
+    ctx = next(o for o in gc.get_objects() if isinstance(o, SharedContext))
+    ctypes.CDLL(None).pthread_mutex_lock(ctypes.byref(queue_header(ctx.episode_queue).mutex))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class LockHolderEnv(FaultyEnv):
+    def step(self, action):
+        if (self.steps == 19 and multiprocessing.current_process().name.startswith("rollout-worker")
+                and _first_in_the_run()):
+            _die_holding_the_episode_queue_lock()
+        return super().step(action)
+
+
 gym.register(id="FlakyStep-v0", entry_point="faulty_env:FaultyEnv", kwargs={"raise_at": (40,)})
 gym.register(id="BrokenStep-v0", entry_point="faulty_env:FaultyEnv", kwargs={"raise_from": 1})
 gym.register(id="NanOnce-v0", entry_point="faulty_env:FaultyEnv", kwargs={"nan_at": (100,)})
 gym.register(id="NanReward-v0", entry_point="faulty_env:FaultyEnv", kwargs={"nan_from": 300})
 gym.register(id="SelfHealing-v0", entry_point="faulty_env:FaultyEnv", kwargs={"heal_at": (3,)})
+gym.register(id="DiesHoldingALock-v0", entry_point="faulty_env:LockHolderEnv")

@@ -318,6 +318,29 @@ def test_a_killed_learner_stops_every_rank_naming_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stopped_learner_goes_when_torchrun_ends_its_rank(tmp_path):
+    # As found in chaos runs: rank 1's learner frozen by SIGSTOP, and rank 0's
+    # learner killed, so torchrun ends rank 1 (SIGTERM, then SIGKILL if it lingers).
+    # The frozen learner was left behind, orphaned in state T.
+    run = torchrun(["--standalone", "--nproc_per_node", "2"], ["--train_dir", str(tmp_path)])
+    try:
+        run.wait_for_line(lambda line: line.startswith("[") and "trained 0 samples/s" not in line, timeout=120)
+        frozen = _learner_of_rank(run, 1)
+        frozen.send_signal(signal.SIGSTOP)
+        deadline = time.time() + 10
+        while frozen.status() != psutil.STATUS_STOPPED:
+            assert time.time() < deadline, "rank 1's learner was not stopped 10 s after SIGSTOP"
+            time.sleep(0.05)
+        _learner_of_rank(run, 0).send_signal(signal.SIGKILL)
+        assert run.wait(timeout=120) != 0, run.output()
+        left = run.leftover_processes(grace=30)
+    finally:
+        run.kill_all()
+    assert left == [], run.output()
+    assert_nothing_left(run)
+
+
+@pytest.mark.slow
 def test_torchrun_restarts_every_rank_from_rank_0s_checkpoint(tmp_path):
     # A killed learner fails its rank; torchrun (--max_restarts 1) restarts both, and
     # they resume from the checkpoint rank 0's learner wrote as the run stopped.

@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 import traceback
 
 _PR_SET_PDEATHSIG = 1
@@ -40,15 +41,20 @@ class Interrupted(BaseException):
 
 
 def _raise_interrupted(signum, frame):
-    # Once: a second SIGTERM (the parent-death signal arriving after the runner
-    # watch's) must not cut short the cleanup the first one started.
+    # Once: a second SIGTERM (the runner's and the runner watch's may both come)
+    # must not cut short the cleanup the first one started.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Interrupted(f"signal {signum}")
 
 
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send `sig` to this process when its parent dies, so that a
-    SIGKILL'd runner never leaves workers (and their Doom games) behind. A no-op
+# How long a child whose runner died may take to unwind before it kills itself:
+# as long as a runner waits for its learner, which may be writing the final
+# checkpoint of a large model (runner.LEARNER_JOIN_TIMEOUT_S).
+ORPHAN_GRACE_S = 60.0
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies. A no-op
     elsewhere: there the runner's own shutdown path is the only guard."""
     if not sys.platform.startswith("linux"):
         return
@@ -61,15 +67,48 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), sig)
 
 
-def die_with_runner() -> None:
-    """SIGTERM this process when the runner dies, however it dies (even SIGKILL).
+def let_process_server_end_with_runner() -> None:
+    """Close this child's copy of the process server's "alive" pipe, the pipe whose
+    closing tells the server that its runner is gone.
 
-    The parent-death signal alone is not enough: a forkserver child's parent is
-    the forkserver, and the forkserver outlives the runner for as long as any
-    child lives (each child holds a copy of the pipe whose closing would tell
-    it the runner is gone). The runner's own sentinel, which multiprocessing
-    gives every child, closes exactly when the runner dies; one blocked thread
-    waits on it and costs nothing until then.
+    multiprocessing hands every forkserver child a copy, so that the child could
+    start processes through the server too (fastrl's children never do). With those
+    copies the server, the parent of every child, outlived the runner for as long
+    as any child lived, so no child's parent-death signal fired while a sibling, or
+    the child itself, was still there: a stopped child kept itself and the server
+    alive for good. With the runner's the only copy left, the server exits the
+    moment the runner dies, however it dies. The names are multiprocessing's own
+    (CPython 3.8 to 3.13); where they are missing nothing is closed and only the
+    runner watch guards (die_with_runner)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:  # a spawned child (the planner's env benchmark): its parent is the runner itself
+        return
+    os.close(fd)
+    server._forkserver_alive_fd = None
+
+
+def die_with_runner() -> None:
+    """End this process when the runner dies, however it dies (even SIGKILL), and
+    even if this process is stopped (SIGSTOP) at that moment.
+
+    One blocked thread waits on the runner's sentinel, which multiprocessing gives
+    every child and which closes exactly when the runner dies, and then SIGTERMs
+    this process: it unwinds through its finally blocks, so the learner still
+    writes its final checkpoint and a rollout worker closes its envs. Should that
+    unwinding hang (an env whose close never returns, a collective waiting on a
+    dead rank), the thread SIGKILLs the process ORPHAN_GRACE_S later, as the
+    runner would have: nobody else is left to.
+
+    A stopped process runs no thread and keeps a SIGTERM pending; only SIGCONT and
+    SIGKILL act on it. So the parent-death signal, which the kernel sends when the
+    process server dies with the runner (let_process_server_end_with_runner), is
+    SIGCONT: harmless to a running child, it wakes a stopped one, whose watch
+    thread then ends it like any other. A parent-death SIGKILL would also reach a
+    stopped child, but it would race every child's unwinding and lose the
+    learner's final checkpoint each time the runner is killed.
     """
     import multiprocessing
     import multiprocessing.connection
@@ -78,12 +117,30 @@ def die_with_runner() -> None:
     runner = multiprocessing.parent_process()
     if runner is None:
         return
+    let_process_server_end_with_runner()
+    set_parent_death_signal(signal.SIGCONT)
 
     def watch():
         multiprocessing.connection.wait([runner.sentinel])
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="runner-watch", daemon=True).start()
+
+
+def continue_descendants() -> None:
+    """SIGCONT every process this one started, and every one they started (ViZDoom's
+    engines among them): a stopped process sees no stop flag and keeps a SIGTERM
+    pending, and only once continued can it leave as a running one does. A no-op
+    for a process that is not stopped."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            process.resume()
+        except psutil.Error:
+            pass  # it ended since it was listed
 
 
 def use_batch_scheduling(nice: int = 0) -> None:
@@ -157,7 +214,8 @@ def init_child(name: str, torch_threads: int) -> None:
     Ctrl-C reaches every process of the terminal's group at once; children
     ignore it and let the runner order the shutdown, so that the learner can
     still write its final checkpoint. SIGTERM (from the runner, or from the
-    parent-death signal) unwinds the child through its finally blocks.
+    runner watch once the runner is gone) unwinds the child through its finally
+    blocks.
     """
     try:
         import setproctitle
@@ -167,7 +225,6 @@ def init_child(name: str, torch_threads: int) -> None:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_interrupted)
-    set_parent_death_signal(signal.SIGTERM)
     die_with_runner()
     import torch
 

@@ -54,7 +54,8 @@ from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
-from fastrl.plumbing.proc import on_one_core, run_child, start_process_server, usable_cores
+from fastrl.plumbing.proc import continue_descendants, on_one_core, run_child, start_process_server, usable_cores
+from fastrl.plumbing.queue_locks import QueueLockWatch
 from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, per_second
@@ -363,6 +364,13 @@ class Runner:
             totals=RunTotals() if self.rank.distributed else None,
         )
 
+    def queues(self) -> dict:
+        """Every queue of the run, by the name the lock watch gives it."""
+        ctx = self.ctx
+        return {"free-buffer": ctx.free_queue, "trajectory": ctx.traj_queue, "episode": ctx.episode_queue,
+                "metrics": ctx.metrics_queue, "request": ctx.request_queue, "error": self.error_queue,
+                "evaluation": self.eval_queue, **{f"response {i}": q for i, q in enumerate(ctx.response_queues)}}
+
     def _num_policy_workers(self) -> int:
         return self.cfg.num_policy_workers if self.cfg.inference == "policy_worker" else 0
 
@@ -419,8 +427,16 @@ class Runner:
                                                    self.device)
 
     def stop_children(self) -> list:
-        """Ask everyone to stop, wait, then escalate. Returns names that had to be killed."""
+        """Ask everyone to stop, wait, then escalate. Returns names that had to be killed.
+
+        A child stopped by SIGSTOP (a chaos test, a debugger) sees neither the stop
+        flag nor SIGTERM until it is continued. SIGKILL alone would reach it, but
+        only after the joins below ran out (a minute for the learner), long enough
+        for torchrun to SIGKILL this runner first, and without the learner's final
+        checkpoint. So every descendant is continued first, and a stopped child
+        then leaves as a running one does."""
         self.ctx.stop.set()
+        continue_descendants()
         deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if p.name == "learner" else JOIN_TIMEOUT_S)
                     for p in self.processes}
         for p in self.processes:
@@ -581,6 +597,8 @@ class Runner:
         start = psutil.Process().create_time()
         exit_code, reason = 0, None
         signals = _StopSignals()
+        locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True), cfg.worker_timeout_seconds)
+        locks.start()
         try:
             self.start()
             self.say(self.startup_line())
@@ -600,6 +618,7 @@ class Runner:
             signals.ignore()  # a second Ctrl-C must not cut the shutdown short
             killed = self.stop_children()
             self._drain(start, monitor)
+            locks.stop()
             signals.restore()
             monitor.close(exit_code)
         self._finish(time.time() - start, reason, killed)

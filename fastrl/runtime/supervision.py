@@ -8,11 +8,10 @@ worker holds nothing that shared memory does not, but the requests it had taken
 are lost with it: the policy workers restart together, and the rollout workers
 then re-send what was not answered (sampling/inference.RemotePolicy says why).
 
-What no restart repairs: a worker killed while it holds a queue's lock (a few
-microseconds of each queue call; faster-fifo's mutex is not robust) leaves that
-queue locked, and whoever uses it next blocks for good. Those then go silent and
-are restarted until the restart limit (--max_worker_restarts) stops the run with
-their name.
+What a restart alone would not repair: a worker killed while it holds a queue's
+lock (a few microseconds of each queue call; faster-fifo's mutex is not robust)
+leaves that queue locked, and whoever uses it next, the runner among them, waits
+for good. The runner's lock watch frees such a lock (plumbing/queue_locks.py).
 """
 from __future__ import annotations
 
