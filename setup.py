@@ -30,7 +30,7 @@ setup(
     install_requires=[
         "torch>=2.1",
         "numpy>=1.24",
-        "faster-fifo>=1.4",
+        "faster-fifo>=1.5",
         "gymnasium>=0.29",
         "setproctitle>=1.3",
         "psutil>=5.9",
