@@ -78,10 +78,6 @@ class Config:
     rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
-    clip_anchor: str = _opt("behaviour", "What the PPO clip measures the policy's step from: 'behaviour' (the acting policy that "
-                            "chose each action, however stale) or 'proximal' (the learner's weights when this batch's update "
-                            "began; V-trace's weights then correct the staleness, once: decoupled PPO).",
-                            choices=("behaviour", "proximal"))
     value_coef: float = _opt(0.5, "Weight of the value loss.")
     value_clip: float = _opt(0.0, "PPO value clipping: the value loss also takes the error of the prediction clipped to within "
                              "this distance of the acting policy's value, and keeps the larger (0 = off). In normalised units "
@@ -99,12 +95,8 @@ class Config:
     exploration_loss: str = _opt("entropy", "Exploration term weighted by --entropy_coef: 'entropy' (a bonus whose pull fades as the "
                                  "policy turns deterministic) or 'symmetric_kl' (a penalty on KL(p||uniform) + KL(uniform||p), "
                                  "which keeps pulling; discrete actions only).", choices=("entropy", "symmetric_kl"))
-    lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant'; 'linear' decays --lr to 0 at "
-                            "--train_for_env_frames (needs that budget); 'kl_adaptive' divides it by 1.5 after a gradient "
-                            "step whose KL from the clip's anchor (--clip_anchor) exceeded 2 x --lr_kl_target and "
-                            "multiplies it by 1.5 below half of it.",
-                            choices=("constant", "linear", "kl_adaptive"))
-    lr_kl_target: float = _opt(0.008, "KL per update that --lr_schedule kl_adaptive steers towards.")
+    lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant', or 'linear', which decays --lr to 0 at "
+                            "--train_for_env_frames (needs that budget).", choices=("constant", "linear"))
 
     # --- model --------------------------------------------------------------------------
     hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
@@ -245,12 +237,7 @@ def validate(cfg: Config, writes: bool = True) -> None:
         raise ConfigError(f"--vtrace_lambda is {cfg.vtrace_lambda} but must lie in [0, 1].")
     if cfg.lr_schedule == "linear" and not cfg.train_for_env_frames:
         raise ConfigError("--lr_schedule linear decays the learning rate to 0 at --train_for_env_frames; "
-                          "set that budget or choose --lr_schedule constant or kl_adaptive.")
-    if cfg.lr_schedule == "kl_adaptive" and cfg.clip_anchor == "proximal" and cfg.ppo_epochs * cfg.num_minibatches == 1:
-        raise ConfigError("--lr_schedule kl_adaptive with --clip_anchor proximal measures each step's KL from the update's "
-                          "first weights, which one step per batch never leaves; raise --ppo_epochs or --num_minibatches.")
-    if cfg.lr_kl_target <= 0:
-        raise ConfigError(f"--lr_kl_target is {cfg.lr_kl_target} but must be positive.")
+                          "set that budget or choose --lr_schedule constant.")
     try:
         sizes = cfg.hidden_size_tuple
     except ValueError:
