@@ -226,58 +226,40 @@ def test_appo_approx_kl_and_clip_fraction():
     assert off_policy.approx_kl.item() > 0.0 and off_policy.clip_fraction.item() > 0.0
 
 
-def test_on_policy_both_clip_anchors_agree():
-    # No staleness (mu == pi_prox == pi at the update's first step): decoupled PPO is PPO.
-    b = batch(6)
-    b["behaviour_logp_t"] = b["logp_t"].detach().clone()
-    plain = appo_loss(**b, **HPARAMS)
-    prox = appo_loss(**b, **HPARAMS, prox_logp_t=b["logp_t"].detach().clone())
-    for name in STAT_FIELDS + ("total",):
-        torch.testing.assert_close(getattr(prox, name), getattr(plain, name), msg=name)
-    torch.testing.assert_close(grads(prox.total, b["logp_t"])[0], grads(plain.total, b["logp_t"])[0])
-
-
-def test_proximal_anchor_golden_policy_loss():
+def test_appo_golden_policy_loss():
     # One step (T = 1), no episode end, lambda 1: V-trace's pg advantage is
-    # min(rho_bar, pi_prox / mu) * (r + gamma * v_1 - v_0), and the clip bounds
-    # pi / pi_prox. Written out here in float64, independent of vtrace().
+    # min(rho_bar, pi / mu) * (r + gamma * v_1 - v_0), and the clip bounds pi / mu.
+    # Written out here in float64, independent of vtrace().
     gamma, clip, rho_bar = 0.9, 0.2, 1.0
     logp = torch.tensor([[-1.0, -0.5, -2.0, -0.1]], dtype=torch.float64, requires_grad=True)
-    prox = torch.tensor([[-1.2, -0.5, -1.5, -0.4]], dtype=torch.float64)
     mu = torch.tensor([[-0.7, -1.5, -1.5, -0.2]], dtype=torch.float64)
     v = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 0.0, -1.0, 3.0]], dtype=torch.float64)
     r = torch.tensor([[1.0, -2.0, 0.5, 0.0]], dtype=torch.float64)
     zeros = torch.zeros(1, 4, dtype=torch.float64)
     out = appo_loss(logp, mu, v, r, zeros, zeros, zeros, zeros, torch.ones(1, 4, dtype=torch.float64),
                     gamma=gamma, rho_bar=rho_bar, c_bar=1.0, clip_ratio=clip, value_coef=0.5, entropy_coef=0.0,
-                    normalize_adv=False, prox_logp_t=prox)
-    expected = 0.0
+                    normalize_adv=False)
+    expected, log_ratio = 0.0, logp.detach() - mu
     for i in range(4):
-        weight = min(rho_bar, float((prox[0, i] - mu[0, i]).exp()))
-        adv = weight * (float(r[0, i]) + gamma * float(v[1, i]) - float(v[0, i]))
-        ratio = float((logp[0, i] - prox[0, i]).exp())
+        ratio = float(log_ratio[0, i].exp())
+        adv = min(rho_bar, ratio) * (float(r[0, i]) + gamma * float(v[1, i]) - float(v[0, i]))
         expected -= min(ratio * adv, min(max(ratio, 1 - clip), 1 + clip) * adv) / 4
     assert out.policy_loss.item() == pytest.approx(expected, rel=1e-12)
-    # The step KL is measured from the proximal policy, the approximate KL from the acting one.
-    k3 = lambda lr: float((lr.exp() - 1 - lr).mean())  # noqa: E731
-    assert out.step_kl.item() == pytest.approx(k3(logp.detach() - prox), rel=1e-12)
-    assert out.approx_kl.item() == pytest.approx(k3(logp.detach() - mu), rel=1e-12)
+    assert out.approx_kl.item() == pytest.approx(float((log_ratio.exp() - 1 - log_ratio).mean()), rel=1e-12)
 
 
-def test_proximal_anchor_weights_a_stale_sample_once():
-    # The first gradient step of an update (pi == pi_prox), one stale sample whose
-    # action the policy has since made rarer (pi / mu = 0.5), advantage +1 (V = 0,
-    # r = 1). Behaviour anchor: d loss / d logp = -(pi/mu) * rho = -0.25 (weighted
-    # twice). Proximal anchor: -rho = -0.5, the importance weight applied once.
+def test_a_stale_sample_is_weighted_by_its_ratio_twice():
+    # One stale sample whose action the policy has since made rarer (pi / mu = 0.5),
+    # advantage +1 (V = 0, r = 1): pi / mu is both the surrogate's ratio and V-trace's
+    # weight, so d loss / d logp = -(pi / mu) * rho = -0.25 (the trade-off appo_loss's
+    # docstring names).
     logp = torch.tensor([[0.5]]).log().requires_grad_()
     mu = torch.tensor([[1.0]]).log()
     z = torch.zeros(1, 1)
-    args = (logp, mu, torch.zeros(2, 1), torch.ones(1, 1), z, z, z, z, torch.ones(1, 1))
     hp = dict(HPARAMS, normalize_adv=False, entropy_coef=0.0, clip_ratio=0.6)
-    (g_behaviour,) = grads(appo_loss(*args, **hp).total, logp)
-    (g_proximal,) = grads(appo_loss(*args, **hp, prox_logp_t=logp.detach().clone()).total, logp)
-    torch.testing.assert_close(g_behaviour, torch.tensor([[-0.25]]))
-    torch.testing.assert_close(g_proximal, torch.tensor([[-0.5]]))
+    (g,) = grads(appo_loss(logp, mu, torch.zeros(2, 1), torch.ones(1, 1), z, z, z, z, torch.ones(1, 1), **hp).total,
+                 logp)
+    torch.testing.assert_close(g, torch.tensor([[-0.25]]))
 
 
 def test_return_normalisation_changes_only_the_value_losss_scale():

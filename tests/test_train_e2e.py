@@ -5,9 +5,10 @@ import shutil
 import signal
 
 import pytest
-from helpers import TESTS, TrainRun, read_summary
+from helpers import TESTS, TrainRun, make_experiment, read_summary
 
-from fastrl.learning.checkpoint import load_latest_checkpoint
+from fastrl import enjoy
+from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint, save_checkpoint
 from fastrl.plumbing import timeline
 
 # Small and quick on CPU, and what the tuned CartPole defaults look like.
@@ -154,3 +155,29 @@ def test_an_experiment_from_before_return_normalisation_was_the_default_resumes(
     assert run.wait(timeout=90) == 0, run.output()
     with open(tmp_path / "older" / "config.json") as fh:
         assert json.load(fh)["normalize_returns"] is False
+
+
+def test_an_experiment_saved_with_options_since_removed_plays_and_resumes(tmp_path):
+    # --clip_anchor, --lr_kl_target and --lr_schedule kl_adaptive were measured and
+    # removed (benchmarks/README.md); config.json and the checkpoints of a run from
+    # before still name them.
+    removed = {"clip_anchor": "proximal", "lr_schedule": "kl_adaptive", "lr_kl_target": 0.008}
+    cfg = make_experiment(str(tmp_path), "older", hidden_sizes="8")
+    config_path = os.path.join(cfg.experiment_dir, "config.json")
+    with open(config_path) as fh:
+        saved = json.load(fh)
+    with open(config_path, "w") as fh:
+        json.dump({**saved, **removed}, fh)
+    state, _ = load_latest_checkpoint(checkpoint_dir(cfg))
+    save_checkpoint(checkpoint_dir(cfg), {**state, "config": {**state["config"], **removed}}, state["version"], 1)
+
+    assert enjoy.load_experiment_config(cfg.experiment_dir).lr_schedule == "constant"
+    assert enjoy.main(["--env", "CartPole-v1", "--experiment", "older", "--train_dir", str(tmp_path),
+                       "--episodes", "1"]) == 0
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--experiment", "older", "--plan", "off",
+                    "--hidden_sizes", "8", "--train_for_env_frames", "20000"])
+    assert run.wait(timeout=90) == 0, run.output()
+    resumed, _ = load_latest_checkpoint(checkpoint_dir(cfg))
+    assert resumed["version"] > state["version"] and resumed["env_frames"] >= 20000
+    with open(config_path) as fh:
+        assert not {"clip_anchor", "lr_kl_target"} & set(json.load(fh))

@@ -91,8 +91,8 @@ def _explained_variance(v_tm1, target_tm1, valid_t):
 
 
 def _approx_kl(log_ratio_t, valid_t):
-    """KL(anchor || current) estimated from log(current / anchor) on the anchor's
-    samples: mean((ratio - 1) - log_ratio), never negative (Schulman's k3)."""
+    """KL(behaviour || current) estimated from log(current / behaviour) on the
+    behaviour policy's samples: mean((ratio - 1) - log_ratio), never negative (Schulman's k3)."""
     log_ratio_t = torch.where(valid_t > 0, log_ratio_t, 0)
     return _masked_mean(torch.expm1(log_ratio_t) - log_ratio_t, valid_t)
 
@@ -109,7 +109,6 @@ class APPOLoss(NamedTuple):
     entropy: torch.Tensor  # mean policy entropy (positive)
     clip_fraction: torch.Tensor
     approx_kl: torch.Tensor  # KL(behaviour || current), estimator mean((ratio - 1) - log_ratio)
-    step_kl: torch.Tensor  # KL(clip anchor || current): the proximal policy's, else the same as approx_kl
     advantage_mean: torch.Tensor  # before normalization
     advantage_std: torch.Tensor  # before normalization
     explained_variance: torch.Tensor  # of the V-trace targets by the values; nan if targets are constant
@@ -146,7 +145,6 @@ def appo_loss(
     value_std=1.0,
     behaviour_v_tm1=None,
     value_clip=None,
-    prox_logp_t=None,
 ):
     """The learner's loss for one batch of trajectories.
 
@@ -172,16 +170,11 @@ def appo_loss(
 
     The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
     logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace vs.
+    The clip bounds pi / mu, so a stale sample starts its update near or past the
+    clip, and pi / mu is also inside the advantage. Decoupled PPO (a clip on the
+    update's own step, V-trace correcting the staleness once) was built and
+    measured against this, and learned no better (benchmarks/README.md).
 
-    With `prox_logp_t` (the log-probs of a proximal policy: the learner's weights
-    when this batch's update began) the loss is decoupled PPO (Hilton et al. 2021):
-    V-trace's importance weights are pi_prox / mu, so the truncated weight min(rho_bar,
-    pi_prox / mu) in the pg advantage corrects the acting policy's staleness once,
-    and the clip bounds pi / pi_prox, the update's own step. Without it the clip
-    bounds pi / mu: a stale sample then starts its update already near or past the
-    clip, and pi / mu is also inside the advantage, so a sample whose action the
-    policy has since made rarer is down-weighted twice ((pi / mu)^2), which favours
-    the actions the policy already prefers.
     A sample with valid_t = 0 is left out of every mean and cuts the trace
     (rho = c = 0), so its reward, flags and log-probs reach no other sample.
     """
@@ -198,12 +191,6 @@ def appo_loss(
     valid_t = valid_t.to(r_t.dtype)
     v_tm1 = values[:-1]
     log_ratio_t = logp_t - behaviour_logp_t.detach()
-    if prox_logp_t is None:
-        log_rho_t, log_step_ratio_t = log_ratio_t.detach(), log_ratio_t
-    else:
-        check_time_major(logp_t=logp_t, prox_logp_t=prox_logp_t)
-        prox_logp_t = prox_logp_t.detach()
-        log_rho_t, log_step_ratio_t = prox_logp_t - behaviour_logp_t.detach(), logp_t - prox_logp_t
     raw_values = values.detach() * value_std + value_mean
 
     with torch.no_grad():
@@ -214,14 +201,14 @@ def appo_loss(
         # A dropped sample cuts the trace (rho = c = 0): its behaviour policy is too
         # stale (or foreign) for its importance weight to mean anything, so earlier
         # samples bootstrap from the current V(s_t) instead of through its data.
-        log_rho_t = torch.where(valid_t > 0, log_rho_t, -torch.inf)
+        log_rho_t = torch.where(valid_t > 0, log_ratio_t, -torch.inf)
         returns = vtrace(raw_values[:-1], raw_values[1:], r_t, discount_t, log_rho_t,
                          rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
         adv_t = returns.pg_advantage_t
         if normalize_adv:
             adv_t = normalize_advantages(adv_t, valid_t)
 
-    policy = ppo_clip_policy_loss(log_step_ratio_t, adv_t, clip_ratio, valid_t)
+    policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t)
     value = value_loss(v_tm1, (returns.vs_tm1 - value_mean) / value_std, valid_t,
                        old_v_tm1=behaviour_v_tm1, clip_value=value_clip)
     entropy = entropy_loss(entropy_t, valid_t)
@@ -242,7 +229,6 @@ def appo_loss(
             entropy=-entropy.detach(),
             clip_fraction=policy.clip_fraction,
             approx_kl=_approx_kl(log_ratio_t, valid_t),
-            step_kl=_approx_kl(log_step_ratio_t, valid_t),
             advantage_mean=adv_mean,
             advantage_std=_masked_mean((returns.pg_advantage_t - adv_mean) ** 2, valid_t).sqrt(),
             explained_variance=_explained_variance(raw_values[:-1], returns.vs_tm1, valid_t),

@@ -32,8 +32,6 @@ QUEUE_TIMEOUT_S = 0.1
 WEIGHTS_KEY = "weights_sha256_by_rank"
 METRICS_EVERY_S = 1.0
 MAX_NONFINITE_IN_A_ROW = 20
-# --lr_schedule kl_adaptive: the factor per adjustment and the range the rate stays in.
-KL_ADAPT_FACTOR, KL_ADAPT_MIN_LR, KL_ADAPT_MAX_LR = 1.5, 1e-6, 1e-2
 
 
 class NonFiniteLossError(RuntimeError):
@@ -179,10 +177,6 @@ class Learner:
             # Every rank's frames, as of the last agreement: the same count on every rank.
             self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
 
-        if cfg.clip_anchor == "proximal" and (cfg.ppo_epochs > 1 or cfg.num_minibatches > 1):
-            # Later gradient steps see moved weights, so the proximal log-probs are taken
-            # now, for the whole batch; one pass over one minibatch reads its own instead.
-            batch["prox_logp"] = proximal_logp(self.model, batch)
         B = batch["rewards"].shape[1]
         mb = B // cfg.num_minibatches
         for _ in range(cfg.ppo_epochs):
@@ -205,21 +199,11 @@ class Learner:
             self._skip_nonfinite()
             return
         self._nonfinite_in_a_row = 0
-        if self.cfg.lr_schedule == "kl_adaptive":
-            # The KL of the step itself (from the clip's anchor); from the acting policy it would add staleness.
-            self._adapt_lr(float(out.step_kl))
         self._note_metrics(out, grad_norm)
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-
-    def _adapt_lr(self, kl: float) -> None:
-        lr, target = self.optimizer.param_groups[0]["lr"], self.cfg.lr_kl_target
-        if kl > 2.0 * target:
-            self._set_lr(max(lr / KL_ADAPT_FACTOR, KL_ADAPT_MIN_LR))
-        elif kl < 0.5 * target:
-            self._set_lr(min(lr * KL_ADAPT_FACTOR, KL_ADAPT_MAX_LR))
 
     def _skip_nonfinite(self) -> None:
         self.row.add("nonfinite_skips", 1)
@@ -279,14 +263,10 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
 
     With `peers` (a multi-rank run) every rank calls it at once: the gradient becomes
     the mean over every rank's valid samples before it is clipped, the skip is every
-    rank's if the loss was not finite on any, the loss terms' step_kl is the mean
-    over the ranks' samples, and the return normaliser takes in every rank's targets;
-    so each rank takes the same step."""
+    rank's if the loss was not finite on any, and the return normaliser takes in every
+    rank's targets; so each rank takes the same step."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
-    prox_logp = None
-    if cfg.clip_anchor == "proximal":
-        prox_logp = mb["prox_logp"] if "prox_logp" in mb else ev.logp.detach()
     value_mean, value_std = model.value_scale()
     out = appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
@@ -297,17 +277,15 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
         lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl,
         value_mean=value_mean, value_std=value_std,
         behaviour_v_tm1=mb["behaviour_value"] if cfg.value_clip > 0 else None,
-        value_clip=cfg.value_clip if cfg.value_clip > 0 else None, prox_logp_t=prox_logp,
+        value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
     )
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
     finite_loss = bool(torch.isfinite(out.total))
     if peers is not None:
         samples = float(valid.sum())
-        all_samples, (nonfinite, kl_sum) = peers.average_gradients(
-            model.parameters(), samples, [0.0 if finite_loss else 1.0, samples * float(out.step_kl)])
+        _, (nonfinite,) = peers.average_gradients(model.parameters(), samples, [0.0 if finite_loss else 1.0])
         finite_loss = nonfinite == 0
-        out = out._replace(step_kl=out.step_kl.new_tensor(kl_sum / all_samples if all_samples else 0.0))
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if not (finite_loss and torch.isfinite(grad_norm)):
@@ -317,12 +295,6 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
     if model.return_norm is not None:
         model.return_norm.update(out.vs_tm1[valid > 0], peers.sum_ if peers is not None else None)
     return out, grad_norm
-
-
-@torch.no_grad()
-def proximal_logp(model, batch: dict) -> torch.Tensor:
-    """[T, B] log-probs of the batch's actions under the model's weights now."""
-    return model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"]).logp
 
 
 @torch.no_grad()

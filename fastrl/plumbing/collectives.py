@@ -6,10 +6,9 @@ What must be identical, and how each is kept so:
   samples (one flat all-reduce per gradient step), before clipping, so that every
   rank clips the same vector by the same norm and Adam takes the same step;
 - every decision that changes a step: whether it is skipped for a non-finite loss,
-  the KL that --lr_schedule kl_adaptive steers by, the frame count a linear schedule
-  reads, whether to stop: each is taken from all-reduced values, never from one
-  rank's own, or the ranks would part ways, and the next collective would pair one
-  rank's gradient with another's stop;
+  the frame count a linear schedule reads, whether to stop: each is taken from
+  all-reduced values, never from one rank's own, or the ranks would part ways, and
+  the next collective would pair one rank's gradient with another's stop;
 - the normalisers' statistics: each update folds in the moments of every rank's
   batch (RunningNorm.update's `reduce`), rather than copying rank 0's;
 - the start: rank 0's weights are broadcast, and the checkpoint resumed from, the
@@ -18,10 +17,9 @@ What must be identical, and how each is kept so:
 Trade-offs:
 - one flat all-reduce after the backward pass, not DistributedDataParallel: DDP
   overlaps the all-reduce with the backward pass bucket by bucket, but it wraps the
-  module that the learner's unroll, its proximal pass and the profiler call
-  directly, and the skip decision has to ride in the same collective anyway. What
-  the overlap would save is the all-reduce's share of a step, which
-  benchmarks/scale_out.py measures;
+  module that the learner's unroll and the profiler call directly, and the skip
+  decision has to ride in the same collective anyway. What the overlap would save
+  is the all-reduce's share of a step, which benchmarks/scale_out.py measures;
 - collectives are matched by their order, not by a name: every rank must call the
   same ones in the same order. So the learner asks the others once per batch
   (`agree`) before it trains, and a rank that wants to stop says so there instead

@@ -33,7 +33,6 @@ _LOSS_NAMES = {
     "value_loss": "loss/value",
     "entropy": "loss/entropy",
     "approx_kl": "loss/approx_kl",
-    "step_kl": "loss/step_kl",
     "clip_fraction": "loss/clip_fraction",
     "explained_variance": "loss/explained_variance",
     "advantage_mean": "loss/advantage_mean",
