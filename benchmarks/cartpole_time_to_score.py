@@ -20,16 +20,7 @@ import tempfile
 
 import psutil
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from fastrl.tuning.profiling import cpu_model  # re-exported: every benchmark's machine line reads it from here
 
 
 def main() -> int:

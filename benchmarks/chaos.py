@@ -72,7 +72,7 @@ from typing import Optional
 
 import psutil
 
-from fastrl.tuning.profiling import machine_info
+from fastrl.tuning.profiling import cpu_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTLE_S = 20.0  # untouched training at the end, over which frames must grow
@@ -549,7 +549,7 @@ def run_chaos(args, extra: list, train_dir: str) -> tuple:
     if not all(c["ok"] for c in checks.values()):
         print("chaos: the run's last lines:\n  " + "\n  ".join(run.lines[-15:]), flush=True)
     report = {"env": args.env, "settings": vars(args), "extra_train_args": extra, "command": cmd,
-              "machine": {"cpu": machine_info()["cpu"], "cores": os.cpu_count(), "python": platform.python_version()},
+              "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
               "checks": checks, "frames_per_s": {"before_chaos": fps[0], "during_chaos": fps[1]},
               "faults": [dataclasses.asdict(f) | {"engines_before": sorted(f.engines_before)} for f in faults]}
     return checks, report

@@ -465,7 +465,8 @@ def compute_bound_limit(env: EnvProfile, model: ModelProfile, forward_batch: int
             "steps_per_s": steps_per_s, "frames_per_s": steps_per_s * env.frameskip}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's name (x86's model name, or an ARM board's Hardware or Model line)."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -481,7 +482,7 @@ def machine_info() -> dict:
     """What a measurement belongs to: CPU model, cores, memory, GPU (None without one),
     and the versions of torch, Python and the OS."""
     info = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cores": os.cpu_count() or 1,
         "usable_cores": usable_cores(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
