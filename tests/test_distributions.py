@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Categorical, Normal, kl_divergence
 
-from fastrl.algo.distributions import SYMMETRIC_KL_CAP, ActionSpec
+from fastrl.algo.distributions import ActionSpec
 
 B = 64
 
@@ -80,19 +80,22 @@ def test_symmetric_kl_to_uniform_matches_torch_kl(name):
     for ref in _reference_categoricals(space, logits):
         uniform = Categorical(logits=torch.zeros_like(ref.logits))
         want = want + kl_divergence(ref, uniform) + kl_divergence(uniform, ref)
-    torch.testing.assert_close(got, want.clamp(max=SYMMETRIC_KL_CAP))
+    torch.testing.assert_close(got, want)
 
 
-def test_symmetric_kl_is_zero_at_uniform_and_capped_when_collapsed():
+def test_symmetric_kl_is_zero_at_uniform_and_keeps_pulling_a_collapsed_policy_back():
     spec = ActionSpec.from_space(gym.spaces.Discrete(4))
     uniform = spec.distribution(torch.zeros(1, 4)).symmetric_kl_to_uniform()
     torch.testing.assert_close(uniform, torch.zeros(1), atol=1e-6, rtol=0)
-    # p = (0.5, 0.25, 0.25, ~0): KL(u||p) alone is (1/4) * log((1/4) / 1e-30) ~ 17 nats.
-    collapsed = torch.tensor([[0.5, 0.25, 0.25, 1e-30]]).log()
-    value = spec.distribution(collapsed).symmetric_kl_to_uniform()
-    assert 15.0 < value.item() <= SYMMETRIC_KL_CAP
-    very_collapsed = torch.tensor([[1.0, 1e-30, 1e-30, 1e-30]]).log()
-    assert spec.distribution(very_collapsed).symmetric_kl_to_uniform().item() == SYMMETRIC_KL_CAP
+    # One action left, the others at ~1e-33 (what a collapsed doom_basic policy
+    # read): KL(u||p) is (3/4) * log(1e33 / 4) ~ 56 nats, and gradient descent on
+    # it must still raise the dead actions' logits, by 1/4 each (d/dz_a of
+    # KL(u||p) is p_a - 1/n, and KL(p||u)'s part vanishes here).
+    logits = torch.tensor([[0.0, -76.0, -76.0, -76.0]], requires_grad=True)
+    value = spec.distribution(logits).symmetric_kl_to_uniform()
+    assert 50.0 < value.item() < 60.0
+    value.sum().backward()
+    torch.testing.assert_close(logits.grad, torch.tensor([[0.75, -0.25, -0.25, -0.25]]), atol=1e-6, rtol=0)
 
 
 def test_categorical_sampling_follows_probabilities():

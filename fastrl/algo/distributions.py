@@ -43,7 +43,6 @@ SUPPORTED_SPACES = "Discrete, MultiDiscrete, Tuple of Discrete, Box"
 # far outside any sane bounds). The clamp only bites on a degenerate optimiser run.
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-SYMMETRIC_KL_CAP = 30.0  # nats; a uniform-ish policy sits near 0, a collapsed one far above
 
 
 class CategoricalProduct:
@@ -91,20 +90,24 @@ class CategoricalProduct:
         return total
 
     def symmetric_kl_to_uniform(self) -> torch.Tensor:
-        """KL(p || u) + KL(u || p) [B] to the uniform policy u, summed over components,
-        capped at SYMMETRIC_KL_CAP per sample.
+        """KL(p || u) + KL(u || p) [B] to the uniform policy u, summed over components.
 
         Per component of n actions: sum_a p_a log p_a - (1/n) sum_a log p_a. Unlike
         the entropy, whose gradient vanishes as p turns deterministic, the second
-        term grows without bound as any p_a -> 0, so it keeps every action's
-        probability away from zero; the cap keeps one collapsed sample from
-        dominating a batch's gradient.
+        term grows without bound as any p_a -> 0, and its gradient on that action's
+        logit stays at -1/n however small p_a gets: the pull that brings a collapsed
+        policy back. The value is not capped: a cap (this once had one, at 30 nats,
+        as a guard against one collapsed sample dominating a batch) zeroes the
+        gradient of exactly the samples that need it, and the guard was never
+        needed, as the gradient on each logit is bounded by 1 + log n whatever the
+        value (a doom_basic run collapsed and stayed collapsed behind it:
+        benchmarks/README.md, twelfth session).
         """
         total = 0.0
         for log_p in self._log_probs:
             size = log_p.shape[-1]
             total = total + ((log_p.exp() * log_p).sum(-1) - log_p.sum(-1) / size).sum(-1)
-        return total.clamp(max=SYMMETRIC_KL_CAP)
+        return total
 
 
 class DiagGaussian:
