@@ -167,3 +167,21 @@ def test_bad_params_shape_and_log_std_misuse():
     box = ActionSpec.from_space(gym.spaces.Box(-1, 1, (2,)))
     with pytest.raises(ValueError, match="log-std of shape"):
         box.distribution(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("exploration, recovers", [("entropy", False), ("symmetric_kl", True)])
+def test_only_the_kl_to_uniform_brings_a_collapsed_policy_back(exploration, recovers):
+    # doom_basic's collapse in miniature: the fire head holds 'fire' at ~1e-33 and
+    # nothing else pulls on it (the agent never fires, so no advantage reaches
+    # that action). Adam on the exploration term alone, as a learner would take it.
+    spec = ActionSpec.from_space(gym.spaces.Discrete(2))
+    logits = torch.tensor([[0.0, -76.0]], requires_grad=True)
+    optimizer = torch.optim.Adam([logits], lr=0.1)
+    for _ in range(1000):
+        dist = spec.distribution(logits)
+        loss = -dist.entropy() if exploration == "entropy" else dist.symmetric_kl_to_uniform()
+        optimizer.zero_grad()
+        loss.sum().backward()
+        optimizer.step()
+    p_fire = torch.softmax(logits.detach(), -1)[0, 1].item()
+    assert (p_fire > 0.1) == recovers, p_fire
