@@ -96,12 +96,10 @@ class CategoricalProduct:
         the entropy, whose gradient vanishes as p turns deterministic, the second
         term grows without bound as any p_a -> 0, and its gradient on that action's
         logit stays at -1/n however small p_a gets: the pull that brings a collapsed
-        policy back. The value is not capped: a cap (this once had one, at 30 nats,
-        as a guard against one collapsed sample dominating a batch) zeroes the
-        gradient of exactly the samples that need it, and the guard was never
-        needed, as the gradient on each logit is bounded by 1 + log n whatever the
-        value (a doom_basic run collapsed and stayed collapsed behind it:
-        benchmarks/README.md, twelfth session).
+        policy back. So the value is not capped: a cap would zero the gradient of
+        exactly the samples that need it (a collapsed doom_basic policy reads ~56
+        nats), and it would guard nothing, as the gradient on each logit is bounded
+        by 2 + log n whatever the value.
         """
         total = 0.0
         for log_p in self._log_probs:
