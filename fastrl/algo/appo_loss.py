@@ -169,7 +169,8 @@ def appo_loss(
     value loss is PPO's clipped form (see `value_loss`).
 
     The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
-    logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace vs.
+    logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace's
+    targets vs_tm1.
     The clip bounds pi / mu, so a stale sample starts its update near or past the
     clip, and pi / mu is also inside the advantage. Decoupled PPO (a clip on the
     update's own step, V-trace correcting the staleness once) was built and
