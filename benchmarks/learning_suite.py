@@ -46,7 +46,9 @@ the curve. Before 100 episodes the mean is over those finished, on every system.
                     SF, stopped by SIGINT, has its reports up to the budget.
   frames            env frames at that report (agent steps x frameskip: 4 on Doom).
 Returns are training-episode returns (with exploration), not a separate evaluation,
-on all systems alike; on Doom they are the game's own score (see SF_RETURN).
+on all systems alike; on Doom they are the game's own score: fastrl's objective(100)
+where its status line has one (a scenario trained on a shaped reward reports the
+game's score there), SF's converted as SF_RETURN says.
 
 Output in --out: results.jsonl (one JSON object per run, appended; the newest run of
 each tag/system/env/seed/budget is the one summarized), table.md (the table printed
@@ -93,15 +95,19 @@ TARGETS = {
 #           episodes of the reward SF trains on. doom_basic's SF spec scales that reward
 #           by 0.01, hence x100; defend_the_center's is unscaled.
 #   tb      health_gathering_supreme's SF reward adds +1 per medikit picked up (SF's
-#           gathering shaping), so its printed mean is not the game score; the game
-#           score is SF's "true_objective" stat, only in TensorBoard
-#           (policy_stats/avg_true_objective, written every 10 s or so once 100
-#           episodes have finished). Each report takes the newest value written
-#           by then.
+#           gathering shaping), so its printed mean is not the game score; the
+#           unshaped episode total is SF's "true_objective" stat, only in
+#           TensorBoard (policy_stats/avg_true_objective, written every 10 s or so
+#           once 100 episodes have finished). Each report takes the newest value
+#           written by then. SF plays this scenario with its own .cfg: 0.01 a tic
+#           alive and no death penalty, where ViZDoom's (fastrl's, the game score)
+#           gives 1 a tic and -100 at death; so x100, then -100 (the third entry, an
+#           offset added after scaling). Exact for an episode that ends in death;
+#           one that lasts to the 2,100-tic timeout reads 100 low.
 SF_RETURN = {
-    "doom_basic": ("stdout", 100.0),
-    "doom_defend_the_center": ("stdout", 1.0),
-    "doom_health_gathering_supreme": ("tb", 1.0),
+    "doom_basic": ("stdout", 100.0, 0.0),
+    "doom_defend_the_center": ("stdout", 1.0, 0.0),
+    "doom_health_gathering_supreme": ("tb", 100.0, -100.0),
 }
 SF_TRUE_OBJECTIVE_TAG = "policy_stats/avg_true_objective"
 SF_NUM_WORKERS, SF_ENVS_PER_WORKER = 2, 16
@@ -116,6 +122,8 @@ INSTALL_BOX2D = 'pip install "gymnasium[box2d]"'
 # fastrl's status line, "[   12.0s] frames 12,345 | 1,234 fps (env frames/s) | trained 300 samples/s | ...
 # | return(100) 23.45 | episodes 120 ...", and sb3_runner's, which has the same fields less trained and lag.
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames ([\d,]+) \|.*?\| return\(100\) (\S+) \| episodes ([\d,]+)")
+# What fastrl's status line adds once an episode reported a true objective: " | objective(100) 23.45".
+OBJECTIVE = re.compile(r"\| objective\(100\) (\S+)")
 # The line SF prints after each report line once an episode has finished: "Avg episode reward: [(0, '-0.693')]".
 SF_REWARD = re.compile(r"Avg episode reward: \[\(0, '([^']+)'\)")
 
@@ -131,21 +139,25 @@ def _finite_or_none(text: str):
 
 def parse_status_lines(lines) -> list:
     """[[seconds since launch, env frames, return(100) or None], ...] from fastrl's or
-    sb3_runner's status lines; other lines are ignored."""
+    sb3_runner's status lines; other lines are ignored. Where a line has a true
+    objective, that is the return: a scenario trained on a shaped reward reports the
+    game's score there."""
     curve = []
     for line in lines:
         m = STATUS.match(line)
         if m:
-            curve.append([float(m.group(1)), int(m.group(2).replace(",", "")), _finite_or_none(m.group(3))])
+            objective = OBJECTIVE.search(line)
+            value = (objective or m).group(1 if objective else 3)
+            curve.append([float(m.group(1)), int(m.group(2).replace(",", "")), _finite_or_none(value)])
     return curve
 
 
-def parse_sf_log(lines, launched: float, scale: float) -> list:
+def parse_sf_log(lines, launched: float, scale: float, offset: float = 0.0) -> list:
     """The same curve from SF's log: one point per report line (seconds since
     `launched`, its "Samples" x frameskip = env frames stepped, as vs_sample_factory
     counts them; SF updates that counter a little behind its episode stats), the
-    return from the "Avg episode reward" line that follows it, times `scale`; None
-    before one."""
+    return from the "Avg episode reward" line that follows it, times `scale` plus
+    `offset`; None before one."""
     curve, frameskip = [], vsf.FRAMESKIP
     for line in lines:
         m = vsf.SF_FRAMESKIP.search(line)
@@ -159,17 +171,17 @@ def parse_sf_log(lines, launched: float, scale: float) -> list:
         m = SF_REWARD.search(line)
         if m and curve:
             value = _finite_or_none(m.group(1))
-            curve[-1][2] = None if value is None else value * scale
+            curve[-1][2] = None if value is None else value * scale + offset
     return curve
 
 
-def attach_tb_returns(curve: list, launched: float, events: list, scale: float) -> list:
-    """Give each curve point the newest (wall time, value) event written by its time;
-    points before the first event keep None."""
+def attach_tb_returns(curve: list, launched: float, events: list, scale: float, offset: float = 0.0) -> list:
+    """Give each curve point the newest (wall time, value) event written by its time,
+    times `scale` plus `offset`; points before the first event keep None."""
     out, i, latest = [], 0, None
     for t, frames, _ in curve:
         while i < len(events) and events[i][0] <= launched + t:
-            latest = events[i][1] * scale
+            latest = events[i][1] * scale + offset
             i += 1
         out.append([t, frames, latest])
     return out
@@ -274,11 +286,11 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
 
     lines = vsf.read_log(log_path)
     if system == "sf":
-        source, scale = SF_RETURN[env]
-        curve = parse_sf_log(lines, run.launched, scale if source == "stdout" else 1.0)
+        source, scale, offset = SF_RETURN[env]
+        curve = parse_sf_log(lines, run.launched, scale, offset)
         if source == "tb":
             events = read_tb_scalar(os.path.join(args.out, "sf", exp, ".summary", "0"), SF_TRUE_OBJECTIVE_TAG)
-            curve = attach_tb_returns(curve, run.launched, events, scale)
+            curve = attach_tb_returns(curve, run.launched, events, scale, offset)
     else:
         curve = parse_status_lines(lines)
     kept = within_budget(curve, args.seconds, stopped_itself=system != "sf" and not run.stop_note)

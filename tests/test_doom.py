@@ -156,6 +156,38 @@ def test_death_terminates():
     env.close()
 
 
+def test_gathering_reward_pays_each_medikit_and_the_objective_is_the_game_score():
+    # Random play on health_gathering_supreme picks up a medikit within a few episodes.
+    # The reward is the game's (+1 a tic, -100 at death) plus the bonus exactly on the
+    # steps whose health rose; the true objective stays the game's own score.
+    from fastrl.envs.doom.scenarios import GATHERING_PICKUP_REWARD
+
+    env = make("doom_health_gathering_supreme")
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    health = vizdoom.GameVariable.HEALTH
+    pickups = 0
+    for _ in range(10):
+        env.reset()
+        game_total, before = 0.0, env.game.get_game_variable(health)
+        while True:
+            _, reward, terminated, truncated, info = env.step(env.action_space.sample())
+            done = terminated or truncated
+            now = -1.0 if done else env.game.get_game_variable(health)
+            game_reward = env.game.get_last_reward()
+            rose = now > before
+            assert reward == pytest.approx(game_reward + (GATHERING_PICKUP_REWARD if rose else 0.0))
+            pickups += rose
+            game_total, before = game_total + game_reward, now
+            if done:
+                break
+        assert info["true_objective"] == pytest.approx(game_total)
+        if pickups:
+            break
+    assert pickups > 0, "no medikit picked up in 10 random episodes"
+    env.close()
+
+
 def test_battle_reward_and_objective_on_death():
     env = make("doom_battle")
     env.reset()

@@ -54,6 +54,22 @@ def test_tb_returns_are_the_newest_written_by_each_report():
     assert ls.attach_tb_returns(curve, 1000.0, events, 1.0) == [[5.0, 10, None], [10.0, 20, 4.0], [15.0, 30, 5.0]]
 
 
+def test_sf_health_gathering_objective_becomes_the_game_score():
+    # SF's cfg: 0.01 a tic, no death penalty; the game's: 1 a tic, -100 at death. An
+    # episode of 450 tics that ends in death reads 4.5 in SF and 350 in the game.
+    source, scale, offset = ls.SF_RETURN["doom_health_gathering_supreme"]
+    curve = ls.attach_tb_returns([[10.0, 20, None]], 1000.0, [(1005.0, 4.5)], scale, offset)
+    assert source == "tb" and curve[0][2] == pytest.approx(350.0)
+
+
+def test_fastrl_curve_reads_the_game_score_when_the_reward_is_shaped():
+    # health_gathering trains on the game's reward plus a pickup bonus; the curve is the
+    # objective (the game's score), not the shaped return.
+    line = ("[   10.6s] frames 144,832 | 8,787 fps (env frames/s) | trained 2,087 samples/s"
+            " | lag min/mean/max 3/3.0/3 | return(100) 512.00 | episodes 41 | objective(100) 312.00")
+    assert ls.parse_status_lines([line]) == [[10.6, 144_832, 312.0]]
+
+
 @pytest.mark.parametrize("curve, target, expected", [
     ([[5.0, 0, None], [10.0, 100, 250.0], [15.0, 200, 310.0], [20.0, 300, 290.0]], 300.0, 15.0),
     ([[5.0, 0, None], [10.0, 100, 250.0]], 300.0, None),  # never reached

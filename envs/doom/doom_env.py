@@ -40,7 +40,7 @@ import numpy as np
 import vizdoom as vzd
 from fastrl.envs.doom import engine
 from fastrl.envs.doom.actions import ActionMapper
-from fastrl.envs.doom.scenarios import BATTLE_SHAPING, DoomScenario, get_scenario
+from fastrl.envs.doom.scenarios import BATTLE_SHAPING, GATHERING_PICKUP_REWARD, DoomScenario, get_scenario
 
 FRAMESKIP = 4
 OBS_HEIGHT, OBS_WIDTH = 72, 128
@@ -259,6 +259,9 @@ class DoomEnv(gym.Env):
         if kind == "frags":
             i = self._i["FRAGCOUNT"]
             return float(now[i] - before[i])
+        if kind == "gathering":
+            i = self._i["HEALTH"]
+            return float(game_reward) + (GATHERING_PICKUP_REWARD if now[i] > before[i] else 0.0)
         delta = now[self._shape_idx] - before[self._shape_idx]
         delta = np.where(self._shape_pos, np.maximum(delta, 0.0), delta)
         return float(delta @ self._shape_w)
