@@ -19,6 +19,8 @@ Options (`**options` of make; the trainer passes the same set to every env):
     doom_num_bots=N          bots in doom_deathmatch (default 6).
     doom_hang_timeout=S      seconds an engine call may take before the engine is
                              declared hung and restarted (default 20).
+    doom_engine_recycle_episodes=N  a fresh engine process after every N episodes
+                             on one, for flat memory over days (default 0: never).
     atari_sticky_actions=True   repeat the last action with probability 0.25 per frame.
     atari_episodic_life=False   an episode is a full game, not one life (evaluation).
 Other options are ignored, so a trainer can pass Doom options to CartPole.

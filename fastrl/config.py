@@ -26,6 +26,16 @@ def _opt(default, help: str, **extra):
     return field(default=default, metadata={"help": help, **extra})
 
 
+# Episodes a ViZDoom engine plays before fastrl replaces it (--doom_engine_recycle_episodes).
+# Measured with benchmarks/doom_engine_memory.py (AMD EPYC, 2 cores): an engine grows
+# 1.6-1.9 MB per million frames it renders, and a replacement costs 0.12-0.13 s. On the
+# shortest episodes seen (doom_basic under random actions, 13 ms of bare stepping each)
+# 1000 episodes keep that cost at 1% of the engine's own stepping time, far less of a
+# trainer's, where each frame also waits for the model; and an engine then never grows
+# by more than ~8 MB (1000 of doom_battle's longest episodes, 4,200 frames each).
+DOOM_ENGINE_RECYCLE_EPISODES = 1000
+
+
 @dataclass
 class Config:
     # --- what to train and where it goes -------------------------------------------
@@ -125,6 +135,12 @@ class Config:
     doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
     doom_hud: bool = _opt(False, "Doom: render the status bar (health, ammo, armor, weapons) at the bottom of the frame, "
                           "as Sample Factory's Doom scenarios do; the 3D view above it gets smaller.")
+    doom_engine_recycle_episodes: int = _opt(
+        DOOM_ENGINE_RECYCLE_EPISODES,
+        "Doom: replace each ViZDoom engine process with a fresh one after this many episodes on it, so memory "
+        "stays flat over runs of days (an engine's grows ~2 MB per million frames); 0 = never. A replacement "
+        "takes ~0.13 s, so the default costs at most 1% of the engine's own stepping time, on doom_basic's "
+        "shortest episodes (benchmarks/doom_engine_memory.py).")
     atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
     atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 
@@ -228,7 +244,8 @@ def validate(cfg: Config, writes: bool = True) -> None:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
-                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts"):
+                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts",
+                 "doom_engine_recycle_episodes"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
     if not 0 <= cfg.worker_nice <= 19:
@@ -325,6 +342,10 @@ def env_options(cfg: Config) -> dict:
         options["doom_measurements"] = True
     if cfg.doom_hud:
         options["doom_hud"] = True
+    # Passed to Doom envs always (it is their default only through this option); to
+    # another env only when set, so that the family check above can refuse it.
+    if cfg.env.startswith("doom_") or cfg.doom_engine_recycle_episodes != DOOM_ENGINE_RECYCLE_EPISODES:
+        options["doom_engine_recycle_episodes"] = cfg.doom_engine_recycle_episodes
     if cfg.atari_sticky_actions:
         options["atari_sticky_actions"] = True
     if not cfg.atari_episodic_life:

@@ -77,6 +77,10 @@ CASES = [
                                    "needs frobnicate"),
     Case("train", "Doom option for a non-Doom env", "--env CartPole-v1 --doom_measurements --train_dir {root}/train",
          "--doom_measurements applies to doom_* envs only"),
+    Case("train", "Doom engine option for a non-Doom env", "--env CartPole-v1 --doom_engine_recycle_episodes 50 "
+         "--train_dir {root}/train", "--doom_engine_recycle_episodes applies to doom_* envs only"),
+    Case("train", "negative engine recycle count", "--env doom_basic --doom_engine_recycle_episodes -1 --train_dir "
+         "{root}/train", "--doom_engine_recycle_episodes is -1 but must not be negative"),
     # -- train: scenario files
     Case("train", "scenario file missing", "--env doom_custom --doom_scenario {root}/missing.cfg --train_dir "
          "{root}/train", "--doom_scenario {root}/missing.cfg is not a file"),

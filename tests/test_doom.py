@@ -113,6 +113,31 @@ def test_seeds_reproduce_episodes():
     a.close(), b.close()
 
 
+def test_engine_recycling_replaces_the_engine_and_plays_the_same_episodes():
+    # doom_basic places its monster at random each episode, so equal first frames
+    # mean equal episode seeds; the engine of every second episode is a new process,
+    # and the one it replaced is gone with its shared memory.
+    keeping = make("doom_basic", seed=3)
+    recycling = make("doom_basic", seed=3, doom_engine_recycle_episodes=2)
+    engines = []
+    for _ in range(5):
+        np.testing.assert_array_equal(keeping.reset()[0], recycling.reset()[0])
+        engines.append((recycling.engine_pid, recycling.instance_id))
+        for _ in range(3):
+            keeping.step(noop(keeping)), recycling.step(noop(recycling))
+    assert [pid for pid, _ in engines[::2]] == list(dict.fromkeys(pid for pid, _ in engines))  # new at 0, 2, 4
+    assert engines[0][0] == engines[1][0] and engines[2][0] == engines[3][0]
+    assert recycling.engine_recycles == 2 and recycling.restarts == 0 and keeping.engine_recycles == 0
+    for pid, instance in engines[:4:2]:
+        assert_gone(pid, instance)
+    keeping.close(), recycling.close()
+
+
+def test_engine_recycling_refuses_a_negative_count():
+    with pytest.raises(ValueError, match="engine_recycle_episodes must be 0"):
+        make("doom_basic", doom_engine_recycle_episodes=-1)
+
+
 def test_render_rgb_array():
     env = make("doom_basic", render_mode="rgb_array")
     env.reset()

@@ -48,6 +48,20 @@ def test_doom_basic_training_beats_the_untrained_policy(tmp_path):
     assert run.new_shm_entries() == set()
 
 
+def test_engines_are_recycled_in_a_real_run(tmp_path):
+    # A new engine for every episode: 4 envs go through many engine processes, the run
+    # trains to its budget, and none of them is left behind.
+    run = TrainRun(["--env", "doom_basic", "--train_dir", str(tmp_path), "--train_for_seconds", "20",
+                    "--plan", "off", "--num_workers", "1", "--num_envs_per_worker", "4",
+                    "--doom_engine_recycle_episodes", "1", "--status_every_seconds", "5"])
+    assert run.wait(timeout=150) == 0, run.output()
+    engines = [pid for pid, title in run.titles.items() if "vizdoom" in title]
+    summary = read_summary(tmp_path, "doom_basic")
+    assert summary["episodes"] >= 8 and len(engines) >= 8, (len(engines), summary)
+    assert run.leftover_processes() == []
+    assert run.new_shm_entries() == set()
+
+
 def _started_doom_run(tmp_path, *extra):
     run = TrainRun(["--env", "doom_battle", "--train_dir", str(tmp_path), "--status_every_seconds", "1",
                     "--num_envs_per_worker", "4", "--batch_size", "512", *extra])

@@ -119,7 +119,7 @@ class DoomEnv(gym.Env):
                  config_path: str | None = None, measurements: bool = False, hud: bool = False,
                  render_mode: str | None = None,
                  episode_timeout: int | None = None, num_bots: int | None = None,
-                 hang_timeout: float = DEFAULT_HANG_TIMEOUT_S):
+                 hang_timeout: float = DEFAULT_HANG_TIMEOUT_S, engine_recycle_episodes: int = 0):
         """scenario: a name from scenarios.SCENARIOS (or a DoomScenario).
         config_path: a ViZDoom .cfg used instead of the scenario's (required for
             doom_custom); the scenario still picks reward and objective.
@@ -127,7 +127,11 @@ class DoomEnv(gym.Env):
             so the policy can read them, as Sample Factory's Doom configs do.
         episode_timeout: override of the config's episode_timeout, in engine tics.
         num_bots: override of the scenario's bot count (bot scenarios only).
-        hang_timeout: seconds one engine call may take before the engine counts as hung."""
+        hang_timeout: seconds one engine call may take before the engine counts as hung.
+        engine_recycle_episodes: start a fresh engine process after this many episodes
+            on one (0: never). A ViZDoom engine's memory creeps up over a long run;
+            a new one starts from its first footprint, and the episodes it plays
+            are the same, since each episode's seed comes from the env's own stream."""
         global _cv2_threads_set
         if not _cv2_threads_set:
             # Resizing a 160x120 frame gains nothing from threads; cv2's pool would
@@ -149,6 +153,12 @@ class DoomEnv(gym.Env):
         self.episode_timeout = episode_timeout
         self.num_bots = self.scenario.bots if num_bots is None else int(num_bots)
         self.hang_timeout = float(hang_timeout)
+        if int(engine_recycle_episodes) < 0:
+            raise ValueError(f"engine_recycle_episodes must be 0 (never) or a positive count, "
+                             f"not {engine_recycle_episodes}")
+        self.engine_recycle_episodes = int(engine_recycle_episodes)
+        self.engine_recycles = 0  # engines replaced by a fresh one after engine_recycle_episodes
+        self._episodes_on_engine = 0
         self.frameskip = FRAMESKIP
         self._init_seed = seed
         self._seeded = False
@@ -211,6 +221,7 @@ class DoomEnv(gym.Env):
             try:
                 self._handle = engine.init_game(game, self.hang_timeout)
                 self._game = game
+                self._episodes_on_engine = 0
                 engine.track_open(self)
                 return
             except VIZDOOM_FAILURES as err:
@@ -306,6 +317,9 @@ class DoomEnv(gym.Env):
             self._seeded = True
         last = None
         restarts_before = self.restarts
+        if self._game is not None and 0 < self.engine_recycle_episodes <= self._episodes_on_engine:
+            self._end_game()  # started again below, like an engine that crashed between episodes
+            self.engine_recycles += 1
         for _ in range(INIT_ATTEMPTS):
             try:
                 if self._game is None:
@@ -328,6 +342,7 @@ class DoomEnv(gym.Env):
         else:
             raise RuntimeError(f"ViZDoom failed to start an episode of {self.scenario.name} "
                                f"{INIT_ATTEMPTS} times; last error: {last}")
+        self._episodes_on_engine += 1
         self._vars = np.array(state.game_variables, dtype=np.float64)
         self._episode_game_reward = 0.0
         self._needs_reset = False

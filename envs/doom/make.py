@@ -14,6 +14,7 @@ DOOM_OPTIONS = {
     "doom_episode_timeout": ("episode_timeout", int),
     "doom_num_bots": ("num_bots", int),
     "doom_hang_timeout": ("hang_timeout", float),
+    "doom_engine_recycle_episodes": ("engine_recycle_episodes", int),
     "render_mode": ("render_mode", str),
 }
 
