@@ -126,16 +126,21 @@ def norm_counts(state: dict) -> list:
 
 # -- process faults ---------------------------------------------------------------------
 
-def restart_after(run: TrainRun, name: str, how, message: str, samples_per_buffer: int) -> None:
+def restart_after(run: TrainRun, name: str, how, message: str, samples_per_buffer: int,
+                  restarted_with: tuple = ()) -> None:
     """Break the process titled 'fastrl: <name>' with `how(pid)`, see a line with
-    `message` say it was restarted, and see sampling go on well past what the buffer
-    pool allows without the learner freeing buffers."""
-    old = pid_titled(run, f"fastrl: {name}")
-    how(old)
+    `message` say it was restarted, see it and the processes named in `restarted_with`
+    under new pids, and see sampling go on well past what the buffer pool allows
+    without the learner freeing buffers. The pids are read as soon as the line is
+    out: a run with a frame budget may reach it, and end, soon after the restart."""
+    names = (name, *restarted_with)
+    old = [pid_titled(run, f"fastrl: {n}") for n in names]
+    how(old[0])
     wait_for_new_line(run, lambda line: message in line and "restarted" in line, timeout=30)
+    new = [pid_titled(run, f"fastrl: {n}") for n in names]
+    assert all(a != b for a, b in zip(old, new)), (names, old, new)
     first = status_frames(wait_for_new_line(run, lambda line: STATUS.match(line) is not None, timeout=30))
     wait_for_frames(run, first + 10 * samples_per_buffer, timeout=30)
-    assert pid_titled(run, f"fastrl: {name}") != old
 
 
 def stop_with_sigterm(run: TrainRun, timeout: float) -> None:
@@ -227,9 +232,11 @@ def kill_and_see_the_run_stop_naming_it(run: TrainRun, name: str) -> None:
 # Policy-worker runs for the restart tests: one rollout worker, whose two splits of
 # 4 envs fill 64-sample buffers; 6 buffers let sampling run at most 6 ahead of the
 # learner. The fault comes at the first status line that shows frames, and the frame
-# budget ends the run (exit code 0) several seconds after it: here sampling ran at
-# 2,000-13,000 frames/s, so only a machine some 4x faster than the fastest of those
-# would reach the budget before the fault (and fail in pid_titled, not pass).
+# budget ends the run (exit code 0) seconds after it: here sampling ran at
+# 2,000-16,000 frames/s, so only a machine some 4x faster than the fastest of those
+# would reach the budget before the fault (and fail in pid_titled, not pass). At
+# 16,000 the run ended 2 s after the restart, which is why restart_after reads the
+# new pids as soon as the restart is reported.
 POLICY_WORKER_RUN = [*CARTPOLE, "--inference", "policy_worker", "--num_buffers", "6",
                      "--train_for_env_frames", "50000"]
 
@@ -247,9 +254,8 @@ def policy_worker_restart(run: TrainRun, tmp_path, how, message: str, workers: i
     the dead worker held, or one still queued, is dropped by its successor as stale
     (an older epoch): sampling goes on only if the rollout worker sends each again."""
     wait_for_frames(run, 1, timeout=60)
-    before = [pid_titled(run, f"fastrl: policy-worker {i}") for i in range(workers)]
-    restart_after(run, f"policy-worker {workers - 1}", how, message, samples_per_buffer=64)
-    assert all(pid_titled(run, f"fastrl: policy-worker {i}") != pid for i, pid in enumerate(before))
+    restart_after(run, f"policy-worker {workers - 1}", how, message, samples_per_buffer=64,
+                  restarted_with=tuple(f"policy-worker {i}" for i in range(workers - 1)))
     restarted = next(line for line in run.lines if message in line)
     assert finish(run, 60) == 0, run.output()
     lags = lags_after(run, restarted)
