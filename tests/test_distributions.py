@@ -117,15 +117,17 @@ def test_gaussian_matches_reference(name):
     assert spec.num_params == spec.action_dim == dim
     assert spec.dtype == torch.float32 and spec.is_continuous
 
-    mean = torch.randn(B, dim)
+    params = torch.randn(B, dim)
     log_std = torch.linspace(-1.0, 0.5, dim, requires_grad=True)
-    dist = spec.distribution(mean, log_std)
+    dist = spec.distribution(params, log_std)
+    low, high = (torch.as_tensor(b, dtype=torch.float32).reshape(-1) for b in (space.low, space.high))
+    mean = (low + high) / 2 + (high - low) / 2 * torch.tanh(params)  # the bounds' centre +- half-width
     ref = Normal(mean, log_std.exp())
     actions = dist.sample()
     assert actions.shape == (B, dim) and actions.dtype == torch.float32
     torch.testing.assert_close(dist.log_prob(actions), ref.log_prob(actions).sum(-1))
     torch.testing.assert_close(dist.entropy(), ref.entropy().sum(-1))
-    assert torch.equal(dist.mode(), mean)
+    torch.testing.assert_close(dist.mode(), mean)
 
     dist.log_prob(actions).sum().backward()
     assert log_std.grad is not None and torch.all(log_std.grad != 0)
@@ -134,6 +136,20 @@ def test_gaussian_matches_reference(name):
     for row in far.numpy():
         env_action = spec.to_env(row)
         assert env_action.dtype == np.float32 and space.contains(env_action)
+
+
+def test_gaussian_mean_stays_inside_finite_bounds_and_is_raw_where_unbounded():
+    # Pendulum's collapse: a mean far past the bound makes every clipped draw the same.
+    spec = ActionSpec.from_space(gym.spaces.Box(np.array([-2.0, 0.0, -np.inf]), np.array([2.0, 1.0, np.inf])))
+    params = torch.tensor([[0.0, 0.0, 0.0], [1e3, 1e3, 1e3], [-1e3, -1e3, -1e3], [0.3, -0.3, 5.0]])
+    mean = spec.distribution(params, torch.zeros(3)).mode()
+    expected = torch.tensor([[0.0, 0.5, 0.0], [2.0, 1.0, 1e3], [-2.0, 0.0, -1e3],
+                             [2 * np.tanh(0.3), 0.5 - 0.5 * np.tanh(0.3), 5.0]], dtype=torch.float32)
+    torch.testing.assert_close(mean, expected)
+    # Near a bound the mean still moves with its param.
+    params = torch.full((1, 3), 3.0, requires_grad=True)
+    spec.distribution(params, torch.zeros(3)).mode().sum().backward()
+    assert torch.all(params.grad > 0)
 
 
 def test_to_env_types():
