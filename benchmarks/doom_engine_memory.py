@@ -18,8 +18,10 @@ is the seconds one recycle adds. With the mean episode's seconds, it gives the
 smallest N whose recycling costs at most --max_overhead of stepping time.
 
 Random actions are not a trained agent (episodes end differently), so the episode
-length here is this policy's; the per-episode growth and the restart cost are the
-engine's. Stepping time here is the bare engine's: in a trainer each frame also pays
+length and the growth per episode here are this policy's; the growth per frame and
+the restart cost are the engine's (measured: 1.6-1.9 MB per million frames on both
+doom_basic and doom_battle, whose growth per episode differs fivefold). Stepping
+time here is the bare engine's: in a trainer each frame also pays
 for the model and the learner, so the same N costs the trainer a smaller share.
 """
 from __future__ import annotations
