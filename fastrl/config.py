@@ -40,7 +40,8 @@ DOOM_ENGINE_RECYCLE_EPISODES = 1000
 class Config:
     # --- what to train and where it goes -------------------------------------------
     env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...) or any gymnasium id (CartPole-v1). "
-                        "doom_* and atari_* envs change the defaults of options you do not set (fastrl/presets.py).")
+                        "doom_* and atari_* envs, and envs with continuous actions, change the defaults of options "
+                        "you do not set (fastrl/presets.py).")
     experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.")
     train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).")
     restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).")
@@ -81,7 +82,8 @@ class Config:
                            "torchrun: each gradient step then averages over ranks x this many samples.")
     ppo_epochs: int = _opt(2, "Passes over each batch.")
     num_minibatches: int = _opt(4, "Gradient steps per pass; the batch's env trajectories are split evenly among them.")
-    lr: float = _opt(1e-3, "Adam learning rate.")
+    lr: float = _opt(1e-3, "Adam learning rate; 3e-4 when the env's actions are continuous (a Box), unless its "
+                          "name's presets set one (fastrl/presets.py).")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
     gamma: float = _opt(0.99, "Discount factor.")
     reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); "

@@ -2,9 +2,11 @@
 import dataclasses
 import os
 
+import gymnasium
 import pytest
 
 from fastrl.config import Config, ConfigError, build_parser, parse_args, validate
+from fastrl.presets import preset_for_actions
 
 
 def test_every_field_has_help_and_a_flag():
@@ -106,3 +108,21 @@ def test_env_presets_replace_defaults_but_never_explicit_options():
     assert extra.explicit == {"env", "lr", "use_rnn"}
     plain, _ = parse_args(["--env", "CartPole-v1"])
     assert (plain.separate_critic, plain.lr) == (True, 1e-3)
+
+
+def test_continuous_actions_bring_their_learning_rate_unless_the_name_presets_set_one():
+    box = gymnasium.spaces.Box(-2.0, 2.0, (1,))
+    assert preset_for_actions("Pendulum-v1", box) == {"lr": 3e-4}
+    assert preset_for_actions("CartPole-v1", gymnasium.spaces.Discrete(2)) == {}
+    assert preset_for_actions("LunarLander-v3", gymnasium.spaces.Discrete(4)) == {}
+    assert preset_for_actions("doom_basic", box) == {}  # tuned as a whole: its own lr stands
+
+
+def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_the_user(tmp_path):
+    from fastrl.runtime.runner import prepare_experiment
+
+    cfg = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off")
+    assert prepare_experiment(cfg, set())[0].lr == 3e-4
+    assert prepare_experiment(cfg, {"lr"})[0].lr == 1e-3  # --lr 1e-3 given: kept
+    discrete = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off")
+    assert prepare_experiment(discrete, set())[0].lr == 1e-3

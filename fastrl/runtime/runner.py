@@ -60,6 +60,7 @@ from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, per_second
 from fastrl.plumbing.timeline import mark
+from fastrl.presets import preset_for_actions
 from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
@@ -195,8 +196,9 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
 
 def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     """Everything that can refuse the run, done before any process starts, the
-    precision and the plan. Returns (cfg with the plan applied, plan, spec,
-    obs_space, action_space, model, checkpoint_state, checkpoint_path, precision);
+    precision and the plan. Returns (cfg with the action space's presets and the
+    plan applied, plan, spec, obs_space, action_space, model, checkpoint_state,
+    checkpoint_path, precision);
     cfg.precision stays as given (auto is decided again on the machine a resumed
     run starts on, and config.json keeps it so). Nothing is written before the last
     check: a refused run leaves the experiment as it found it, and --restart
@@ -238,6 +240,8 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     mark("spec env made")
     try:
         obs_space, action_space = env.observation_space, env.action_space
+        from_actions = {k: v for k, v in preset_for_actions(cfg.env, action_space).items() if k not in explicit}
+        cfg = dataclasses.replace(cfg, **from_actions)
         if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
             raise ConfigError(f"--exploration_loss symmetric_kl needs discrete actions, but {cfg.env} has "
                               f"{action_space}; use --exploration_loss entropy.")
