@@ -40,6 +40,7 @@ from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.checkpoint import BEST_NAME, CheckpointError, checkpoint_dir, load_checkpoint, save_best
 from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.polling import put_many_polling
 from fastrl.plumbing.ranks import run_count
 
 POLL_S = 0.1
@@ -108,7 +109,7 @@ class Evaluator:
                 result = self.evaluate(frames)
                 if result is None:  # stopped mid-evaluation
                     break
-                self.result_queue.put(result, block=True, timeout=QUEUE_TIMEOUT_S)
+                put_many_polling(self.result_queue, [result], QUEUE_TIMEOUT_S)
         finally:
             self.close()
 

@@ -22,7 +22,7 @@ from fastrl.algo.model import build_model, flat_state, flat_state_size, load_fla
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
-from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.ranks import SOLO, Rank, local_counts, run_count
 from fastrl.plumbing.stats_board import Timer
 from fastrl.plumbing.timeline import mark
@@ -110,7 +110,7 @@ class Learner:
                     break
                 with self.timer("comm_s"):
                     batch = ctx.buffers.gather(pending)
-                    ctx.free_queue.put_many(pending, block=True, timeout=10.0)
+                    put_many_polling(ctx.free_queue, pending, 10.0)
                     pending = []
                 self.row.add("samples_received", cfg.batch_size)
                 if first:
@@ -151,7 +151,7 @@ class Learner:
         digests = self.peers.weights_digests(self.model)
         if self.rank.main:
             try:
-                self.ctx.metrics_queue.put({WEIGHTS_KEY: digests}, block=True, timeout=1.0)
+                put_many_polling(self.ctx.metrics_queue, [{WEIGHTS_KEY: digests}], 1.0)
             except queue.Full:
                 pass  # a report only
 

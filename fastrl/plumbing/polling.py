@@ -1,13 +1,19 @@
 """Waiting on a faster-fifo queue without ever sleeping inside it.
 
 A process SIGKILLed while it waits on a queue's process-shared condition
-variable leaves glibc's condvar counting it as a waiter forever; the next put
-into that queue then hangs in pthread_cond_signal, and so does the process
-putting (measured here: one killed waiter stalled a whole run, and a killed
-policy worker made its rollout workers hang on their next request). So no
-fastrl process blocks in a queue: each polls with get_many(block=False) and
-sleeps between polls, starting short (an answer is often back within 100 us)
-and doubling up to a millisecond while nothing comes.
+variable leaves glibc's condvar counting it as a waiter forever; the next
+signal on that condvar then hangs in pthread_cond_signal, holding the queue's
+lock, and every process using the queue hangs behind it. Measured here: one
+killed waiter in a get stalled a whole run, and a killed policy worker made its
+rollout workers hang on their next request; a putter killed while it waited on
+a full queue (glibc 2.36) left the second get after it blocked for good, a get
+with a 5-s timeout included. So no fastrl process blocks in a queue, on either
+side: each polls with get_many(block=False) or put_many(block=False) and sleeps
+between tries, starting short (an answer is often back within 100 us) and
+doubling up to a millisecond while nothing comes. The put side costs nothing
+in a run: fastrl's queues are sized to hold everything that can be in them at
+once, so its first try succeeds; polling only makes sure that a queue filled by
+a stalled reader cannot leave a dead waiter behind.
 """
 from __future__ import annotations
 
@@ -26,6 +32,21 @@ def get_many_polling(q, timeout: float, max_messages: int = 1_000_000_000) -> li
         try:
             return q.get_many(block=False, max_messages_to_get=max_messages)
         except queue.Empty:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_S)
+
+
+def put_many_polling(q, messages: list, timeout: float) -> None:
+    """Put `messages` into `q` in one go, waiting at most `timeout` seconds for
+    room; raises queue.Full if none came."""
+    deadline = time.monotonic() + timeout
+    pause = POLL_MIN_S
+    while True:
+        try:
+            return q.put_many(messages, block=False)
+        except queue.Full:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(pause)

@@ -10,6 +10,8 @@ import sys
 import time
 import traceback
 
+from fastrl.plumbing.polling import put_many_polling
+
 _PR_SET_PDEATHSIG = 1
 
 # What the process server imports once, before it forks any child.
@@ -250,7 +252,7 @@ def run_child(name: str, torch_threads: int, seed: int | None, error_queue, targ
         pass
     except BaseException:  # report everything, including SystemExit from deep inside an env
         try:
-            error_queue.put((name, traceback.format_exc()), block=True, timeout=1.0)
+            put_many_polling(error_queue, [(name, traceback.format_exc())], 1.0)
         except Exception:
             print(f"fastrl: {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         sys.exit(1)

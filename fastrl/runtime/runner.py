@@ -349,7 +349,7 @@ class Runner:
         rows = ["runner", "learner"] + [f"policy_{i}" for i in range(self._num_policy_workers())] \
             + [f"rollout_{i}" for i in range(cfg.num_workers)]
         free_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
-        free_queue.put_many(list(range(cfg.total_buffers)))
+        free_queue.put_many(list(range(cfg.total_buffers)), block=False)  # empty and sized for them all
         return SharedContext(
             obs_space=self.obs_space, action_space=self.action_space, action_spec=action_spec,
             buffers=buffers, params=params, board=StatsBoard(rows), stop=StopFlag(),

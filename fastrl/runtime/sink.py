@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 
 from fastrl.plumbing.context import SharedContext
-from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import Timer
 
 QUEUE_TIMEOUT_S = 0.1
@@ -23,5 +23,5 @@ def sink_main(cfg, ctx: SharedContext) -> None:
             except queue.Empty:
                 continue
         with timer("comm_s"):
-            ctx.free_queue.put_many(indices, block=True, timeout=10.0)
+            put_many_polling(ctx.free_queue, indices, 10.0)
         row.add("samples_received", len(indices) * cfg.samples_per_buffer)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 
+from fastrl.plumbing.polling import put_many_polling
+
 RESTART_WINDOW_S = 600.0
 # In policy-worker mode a late batch could still write actions into a dead
 # worker's buffers; waiting this long before recycling them lets it land.
@@ -92,7 +94,7 @@ class WorkerSupervisor:
         time.sleep(RECYCLE_DELAY_S if self.runner.cfg.inference == "policy_worker" else 0.0)
         held = ctx.held_buffers.release(index)
         if held:
-            ctx.free_queue.put_many(held, block=True, timeout=10.0)
+            put_many_polling(ctx.free_queue, held, 10.0)
         ctx.board.row(f"rollout_{index}").add("trajectories_discarded", len(held))
         ctx.board.row(f"rollout_{index}").set("heartbeat", 0.0)
         self._forget([process])

@@ -12,7 +12,7 @@ import torch
 
 from fastrl.algo.model import build_model, load_flat_state
 from fastrl.plumbing.context import SharedContext
-from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import BoardRow
 
 
@@ -94,7 +94,7 @@ class RemotePolicy:
 
     def _send(self, s: int, buf: int, t: int) -> None:
         self.pending[s] = (buf, t, self.epoch)
-        self.ctx.request_queue.put((self.index, s, buf, t, self.epoch), block=True, timeout=10.0)
+        put_many_polling(self.ctx.request_queue, [(self.index, s, buf, t, self.epoch)], 10.0)
 
     def answered(self, timeout: float) -> list:
         """The splits whose actions are written, waiting up to `timeout` for the first."""

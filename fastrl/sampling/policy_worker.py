@@ -9,7 +9,7 @@ import time
 import torch
 
 from fastrl.plumbing.context import SharedContext
-from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import Timer
 from fastrl.sampling.inference import PolicyCopy
 
@@ -58,4 +58,4 @@ def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None
                 b.behaviour_value[buf, t] = values[rows]
                 b.policy_version[buf, t] = policy.version
                 ctx.rnn_states[w][s] = rnn_out[rows]
-                ctx.response_queues[w].put((s, buf, t), block=True, timeout=10.0)
+                put_many_polling(ctx.response_queues[w], [(s, buf, t)], 10.0)

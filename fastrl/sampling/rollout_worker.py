@@ -12,7 +12,7 @@ import torch
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.plumbing.context import SharedContext
-from fastrl.plumbing.polling import get_many_polling
+from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.proc import pin_to_core, usable_cores, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed
 from fastrl.plumbing.stats_board import Timer
@@ -101,7 +101,7 @@ class RolloutWorker:
             carry_obs = {k: v[old, self.T].clone() for k, v in b.obs.items()}
             carry_start = b.episode_start[old, self.T].clone()
             self.ctx.held_buffers.set(self.index, s, -1)
-            self.ctx.traj_queue.put(old, block=True, timeout=10.0)
+            put_many_polling(self.ctx.traj_queue, [old], 10.0)
         new = self._take_free_buffer()
         if new is None:
             return False
