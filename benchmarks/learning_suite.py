@@ -44,7 +44,12 @@ the curve. Before 100 episodes the mean is over those finished, on every system.
                     the budget (seconds on LunarLander), but neither collects
                     anything after the budget, so it is their state at the budget.
                     SF, stopped by SIGINT, has its reports up to the budget.
-  frames            env frames at that report (agent steps x frameskip: 4 on Doom).
+  return, last 30 s the median return(100) of the reports kept from the last 30 s
+                    before the last one: the state at the budget without one
+                    report's noise (CartPole and Pendulum finish 100 episodes
+                    every second or two, so one report is a sample of a moving
+                    mean that swings by tens; SF's 5-s reports give it 6-7).
+  frames            env frames at the last report (agent steps x frameskip: 4 on Doom).
 Returns are training-episode returns (with exploration), not a separate evaluation,
 on all systems alike; on Doom they are the game's own score: fastrl's objective(100)
 where its status line has one (a scenario trained on a shaped reward reports the
@@ -223,6 +228,19 @@ def return_at_budget(curve: list) -> float | None:
     return curve[-1][2] if curve else None
 
 
+LATE_WINDOW_S = 30.0
+
+
+def late_return(curve: list, window_s: float = LATE_WINDOW_S) -> float | None:
+    """The median return(100) of the reports in the last `window_s` seconds of
+    `curve` (the last report's time counts back from); None without one."""
+    if not curve:
+        return None
+    end = curve[-1][0]
+    returns = [ret for t, _, ret in curve if t >= end - window_s and ret is not None]
+    return statistics.median(returns) if returns else None
+
+
 # ----------------------------------------------------------------------------------
 # Commands
 
@@ -357,8 +375,8 @@ def table(records: list) -> str:
     for r in records:
         groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
     rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
-            "| return at budget (median) | frames at budget (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (env, name, seconds), runs in sorted(groups.items()):
         target = runs[0]["target"]
         if target is None:
@@ -372,6 +390,7 @@ def table(records: list) -> str:
         rows.append(f"| {env} | {name} | {seconds:g} s | {seeds} "
                     f"| {'-' if target is None else f'{target:g}'} | {reached} | {ttt} "
                     f"| {_fmt(_median_or_none(r['return_at_budget'] for r in runs))} "
+                    f"| {_fmt(_median_or_none(late_return(r['curve']) for r in runs))} "
                     f"| {_fmt(_median_or_none(r['frames'] for r in runs))} |")
     return "\n".join(rows)
 
@@ -501,7 +520,8 @@ def main(argv=None) -> int:
         with open(results_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
         ttt = record["time_to_target"]
-        print(f"    {len(record['curve'])} reports; return at budget {_fmt(record['return_at_budget'])}, "
+        print(f"    {len(record['curve'])} reports; return at budget {_fmt(record['return_at_budget'])} "
+              f"(last {LATE_WINDOW_S:g} s: {_fmt(late_return(record['curve']))}), "
               f"{_fmt(record['frames'])} frames; time to target "
               f"{'-' if record['target'] is None else 'not reached' if ttt is None else _fmt(ttt, ' s')}; "
               f"wall {record['wall_s']} s ({record['stop']}); cores: run {record['cores_used_by_run']}, "

@@ -91,6 +91,15 @@ def test_at_budget_is_the_stop_report_of_a_run_that_stopped_itself():
     assert ls.return_at_budget([]) is None
 
 
+def test_late_return_is_the_median_of_the_last_30_s_of_reports():
+    curve = [[t, 1000 * t, ret] for t, ret in [(10.0, -900.0), (50.0, -300.0), (75.0, -150.0), (80.0, None),
+                                               (90.0, -600.0), (100.0, -180.0)]]
+    assert ls.late_return(curve) == -180.0  # of -150, -600 and -180 (70 s on); the None is no report of a return
+    assert ls.late_return(curve, window_s=5.0) == -180.0
+    assert ls.late_return(curve[:1]) == -900.0
+    assert ls.late_return([]) is None
+
+
 def _record(system, seed, ttt, ret, frames, target=300.0, tag="", seconds=60.0):
     return {"system": system, "tag": tag, "env": "CartPole-v1", "seed": seed, "seconds": seconds, "target": target,
             "time_to_target": ttt, "return_at_budget": ret, "frames": frames, "curve": [[1.0, frames, ret]]}
@@ -103,9 +112,9 @@ def test_table_gives_medians_over_seeds_and_counts_seeds_that_reached():
                _record("sb3", 2, None, None, 0),
                _record("fastrl", 0, None, -300.0, 5000, target=None, tag="lr3e-4")]
     rows = {line.split("|")[2].strip(): line for line in ls.table(records).splitlines()[2:]}
-    assert rows["fastrl"].split("|")[6:10] == [" 2/3 ", " 12.0 s ", " 480.0 ", " 1,000,000 "]
+    assert rows["fastrl"].split("|")[6:11] == [" 2/3 ", " 12.0 s ", " 480.0 ", " 480.0 ", " 1,000,000 "]
     # Two of three never got there: the median is past the budget.
-    assert rows["sb3"].split("|")[6:10] == [" 1/3 ", " > 60 s ", " 300.0 ", " 90,000 "]
+    assert rows["sb3"].split("|")[6:11] == [" 1/3 ", " > 60 s ", " 300.0 ", " 300.0 ", " 90,000 "]
     assert rows["fastrl (lr3e-4)"].split("|")[5:8] == [" - ", " - ", " - "]
 
 
