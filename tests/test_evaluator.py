@@ -4,11 +4,11 @@ are known: "always push left" falls in ~10 steps, "push toward the lean" (pole
 angle + angular velocity > 0 -> right) balances for hundreds.
 """
 import os
-import queue
 import threading
 import time
 from types import SimpleNamespace
 
+import faster_fifo
 import pytest
 import torch
 from fastrl.envs.registry import get_spec
@@ -56,7 +56,7 @@ class Harness:
         self.ctx = SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space,
                                    params=self.params, board=self.board, stop=StopFlag(),
                                    precision=Precision("fp32", "fp32", "no image encoder"), totals=None)
-        self.results = queue.Queue()
+        self.results = faster_fifo.Queue(max_size_bytes=100_000)  # the runner's eval queue
         self.cfg = cfg
         self.thread = None
 
