@@ -1,7 +1,8 @@
 """A rollout worker's hand-off of a full trajectory buffer, and what it stores per
 action: the next trajectory must begin with this env's own last row, and every
 action must carry the version and log-prob of the weights that chose it. And its
-requests to the policy workers: each answered once, even across their restart."""
+requests to the policy workers: each answered once, even across their restart.
+And its count of env restarts, on the board before the replacement env starts."""
 import queue
 from types import SimpleNamespace
 
@@ -198,6 +199,26 @@ def test_an_env_restarting_itself_counts_as_an_env_restart():
             worker._step_envs(0)
             worker.t[0] += 1
         assert ctx.board.get("rollout_0", "env_restarts") == ENVS
+    finally:
+        for split in worker.splits:
+            split.close()
+
+
+def test_an_env_restart_is_on_the_board_before_its_replacement_is_made():
+    # Counted after the step, a restart was lost with a worker killed while the new
+    # env (a ViZDoom engine: a process chaos.py watches for) was starting.
+    worker, ctx = _worker(env_id="faulty_env:FlakyStep-v0")  # each env raises at its 40th step
+    board_at_make = []
+    for split in worker.splits:
+        def recording_make(i, make=split._make):
+            board_at_make.append(ctx.board.row("rollout_0").get("env_restarts"))
+            return make(i)
+        split._make = recording_make
+    try:
+        assert worker._start_splits()
+        for _ in range(40):
+            worker._step_envs(0)
+        assert board_at_make == [1, 2]  # split 0's two envs, each counted before it was made again
     finally:
         for split in worker.splits:
             split.close()

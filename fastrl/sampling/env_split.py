@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -66,9 +67,10 @@ class SplitEnvs:
     """
 
     def __init__(self, spec, env_options: dict, seeds: list, envs: list, np_views: dict, action_spec,
-                 max_consecutive_failures: int = 3):
+                 max_consecutive_failures: int = 3, on_restart: Optional[Callable[[], None]] = None):
         """`envs`: made by make_envs from `seeds`, one each; a failed env is made
-        again from its seed, spec and options."""
+        again from its seed, spec and options. `on_restart` is called after every
+        restart is counted in `restarts` and before its replacement is made."""
         self._spec = spec
         self._options = env_options
         self._seeds = list(seeds)
@@ -84,6 +86,7 @@ class SplitEnvs:
         self._resets = [0] * self.n
         self.finished = []  # (return, length, true_objective) of episodes ended since last drained
         self.restarts = 0
+        self._on_restart = on_restart
 
     def _make(self, i: int):
         return self._spec.make(seed=self._seeds[i], **self._options)
@@ -123,7 +126,7 @@ class SplitEnvs:
 
     def _recreate(self, i: int, tb: str) -> None:
         self._failures[i] += 1
-        self.restarts += 1
+        self._count_restart()
         if self._failures[i] >= self._max_failures:
             raise EnvFailedError(
                 f"env {i} of this worker ({self._spec.name}) failed {self._failures[i]} times in a row; "
@@ -139,7 +142,12 @@ class SplitEnvs:
         """Count a restart the env did itself: a ViZDoom env whose engine died starts
         a new one and says so in info (envs/doom/doom_env.py), rather than raising."""
         if info.get("env_restarted"):
-            self.restarts += 1
+            self._count_restart()
+
+    def _count_restart(self) -> None:
+        self.restarts += 1
+        if self._on_restart is not None:
+            self._on_restart()
 
     def step(self, buf: int, t: int) -> None:
         """Step every env with the actions at [buf, t]; write rewards, episode
