@@ -190,11 +190,19 @@ class TrainRun:
         self.wait_until(lambda: False, seconds)
 
     def titled(self, *prefixes: str) -> list:
-        """Live processes of the run whose title starts with one of `prefixes`."""
+        """Live processes of the run whose title starts with one of `prefixes`. Not
+        a fork that has yet to exec: a worker starting a ViZDoom engine forks, and
+        for a moment the child carries the worker's title. Stopping that child
+        (once in a 10-minute run) stopped no worker of the run: the worker, stuck
+        waiting for its engine, was killed as hung and replaced, and the stopped
+        fork outlived the run."""
         found = []
         for p in self.descendants():
             try:
-                if title(p).startswith(prefixes) and p.status() != psutil.STATUS_ZOMBIE:
+                name, parent = title(p), p.parent()
+                if parent is not None and title(parent) == name:
+                    continue
+                if name.startswith(prefixes) and p.status() != psutil.STATUS_ZOMBIE:
                     found.append(p)
             except psutil.Error:
                 pass
