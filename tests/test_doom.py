@@ -285,6 +285,27 @@ def test_custom_scenario_errors(tmp_path, capfd):
 
 # -- crashes and hangs -----------------------------------------------------------------------
 
+def test_an_engine_that_fails_while_starting_in_a_reset_is_replaced_and_counted(monkeypatch):
+    env = make("doom_basic", doom_engine_recycle_episodes=1)  # the next reset starts a new engine
+    try:
+        env.reset()
+        real_init = engine.init_game
+        calls = []
+
+        def dies_once(game, hang_timeout):
+            calls.append(1)
+            if len(calls) == 1:
+                raise vizdoom.ViZDoomUnexpectedExitException("killed while starting")
+            return real_init(game, hang_timeout)
+
+        monkeypatch.setattr(engine, "init_game", dies_once)
+        _, info = env.reset()
+        assert len(calls) == 2 and env.restarts == 1 and info["env_restarted"]
+        assert pid_alive(env.engine_pid)
+    finally:
+        env.close()
+
+
 def test_restart_after_engine_is_killed():
     env = make("doom_battle")
     env.reset()

@@ -225,8 +225,12 @@ class DoomEnv(gym.Env):
                 engine.track_open(self)
                 return
             except VIZDOOM_FAILURES as err:
+                # An engine that died while starting (killed, or it crashed) is
+                # replaced like one that died later, and counted like one: a chaos
+                # run's engine kills and the run's env restarts then agree.
                 last = err
                 engine.end_game(game, None)
+                self.restarts += 1
         raise RuntimeError(f"ViZDoom failed to start {self.scenario.name} {INIT_ATTEMPTS} times; last error: {last}")
 
     def _end_game(self) -> None:
