@@ -124,8 +124,8 @@ class RolloutWorker:
 
     def _publish_env_restarts(self) -> None:
         # At once, before the env's replacement is made: published after the step,
-        # a restart was lost with a worker killed while a new ViZDoom engine started
-        # (2 of 88 engine kills in a 10-minute chaos run).
+        # the count went with a worker killed while its new ViZDoom engine started
+        # (chaos.py's next fault on a worker comes as soon as that engine shows).
         self.row.set("env_restarts", self._env_restarts_before + sum(sp.restarts for sp in self.splits))
 
     def _flush_episodes(self, force: bool = False) -> None:
