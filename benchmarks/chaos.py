@@ -248,6 +248,19 @@ def title(p: psutil.Process) -> str:
     return " ".join(p.cmdline()).strip()
 
 
+def live_titles(processes) -> list:
+    """(process, title) for each of `processes` still there to give its title: any
+    of them may die between being listed and being looked at (a 10-minute run
+    crashed on one)."""
+    named = []
+    for p in processes:
+        try:
+            named.append((p, title(p)))
+        except psutil.Error:
+            pass
+    return named
+
+
 def shm_entries() -> set:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
@@ -292,7 +305,7 @@ def kinds_deck(env: str, rng: random.Random):
 def inject(run: TrainRun, kind: str, rng: random.Random, busy: set) -> Optional[Fault]:
     """Cause one fault of `kind` outside the `busy` slots; None when it has no target
     right now (every slot busy, a worker still starting, no engine running)."""
-    workers = [w for w in run.titled(*TARGETS[kind]) if slot_of(title(w)) not in busy]
+    workers = [w for w, name in live_titles(run.titled(*TARGETS[kind])) if slot_of(name) not in busy]
     if kind == "engine":
         return _kill_engine(run, workers, rng)
     if not workers:
@@ -302,7 +315,10 @@ def inject(run: TrainRun, kind: str, rng: random.Random, busy: set) -> Optional[
         fault = Fault(kind, title(target), target.pid, time.time(), len(run.lines))
     except psutil.Error:  # it died just now
         return None
-    os.kill(target.pid, signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+    try:
+        os.kill(target.pid, signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+    except ProcessLookupError:  # it died just now
+        return None
     return fault
 
 
@@ -317,7 +333,10 @@ def _kill_engine(run: TrainRun, workers: list, rng: random.Random) -> Optional[F
                       frozenset(e.pid for e in engines))
     except psutil.Error:
         return None
-    os.kill(rng.choice(engines).pid, signal.SIGKILL)
+    try:
+        os.kill(rng.choice(engines).pid, signal.SIGKILL)
+    except ProcessLookupError:  # its worker's restart or a recycle ended it just now
+        return None
     return fault
 
 
@@ -333,7 +352,7 @@ def healed_by(run: TrainRun, fault: Fault) -> str:
             return "new engine"
     name = fault.target.removeprefix("fastrl: ")
     said = any((m := RESTART.match(line)) and m.group(1) == name for line in run.lines[fault.line_index:])
-    if said and any(p.pid != fault.pid and title(p) == fault.target for p in run.titled(fault.target)):
+    if said and any(p.pid != fault.pid and name == fault.target for p, name in live_titles(run.titled(fault.target))):
         return "restart"
     return ""
 
