@@ -3,8 +3,8 @@ while it waits for room in a full queue must leave that queue usable.
 
 With faster-fifo's own blocking put, the dead waiter stays counted on the queue's
 process-shared condvar and a later get, signalling it, hangs inside glibc with
-the queue's lock held. The first test shows that on this machine (and fails if a
-faster-fifo or glibc release makes it safe, when the polling could go); the
+the queue's lock held. The first test shows that on this machine (and is
+skipped, saying so, where a faster-fifo or glibc release makes it safe); the
 second runs the same scenario with fastrl's polling put."""
 import ast
 import multiprocessing
@@ -72,8 +72,9 @@ def run_scenario(put, seconds: float):
 
 def test_a_putter_killed_waiting_in_faster_fifo_wedges_the_queue():
     finished, _ = run_scenario(blocking_put, seconds=10.0)
-    if finished:
-        pytest.fail("faster-fifo's blocking put survived a killed waiter here: polling.py's reason is gone")
+    if finished:  # another glibc or faster-fifo: nothing wrong with fastrl, but say so
+        pytest.skip("faster-fifo's blocking put survived a killed waiter on this machine: "
+                    "polling.py's reason for the put side does not hold here")
 
 
 def test_a_putter_killed_while_polling_for_room_leaves_the_queue_working():
