@@ -26,27 +26,24 @@ POLL_MIN_S, POLL_MAX_S = 0.00003, 0.001
 def get_many_polling(q, timeout: float, max_messages: int = 1_000_000_000) -> list:
     """Up to `max_messages` messages from `q`, waiting at most `timeout` seconds
     for the first; raises queue.Empty if none came."""
-    deadline = time.monotonic() + timeout
-    pause = POLL_MIN_S
-    while True:
-        try:
-            return q.get_many(block=False, max_messages_to_get=max_messages)
-        except queue.Empty:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(pause)
-            pause = min(2 * pause, POLL_MAX_S)
+    return _with_backoff(lambda: q.get_many(block=False, max_messages_to_get=max_messages), queue.Empty, timeout)
 
 
 def put_many_polling(q, messages: list, timeout: float) -> None:
     """Put `messages` into `q` in one go, waiting at most `timeout` seconds for
     room; raises queue.Full if none came."""
+    _with_backoff(lambda: q.put_many(messages, block=False), queue.Full, timeout)
+
+
+def _with_backoff(attempt, not_yet: type, timeout: float):
+    """attempt() until it stops raising `not_yet`, sleeping between tries as the
+    module's docstring says; the last `not_yet` is raised once `timeout` has passed."""
     deadline = time.monotonic() + timeout
     pause = POLL_MIN_S
     while True:
         try:
-            return q.put_many(messages, block=False)
-        except queue.Full:
+            return attempt()
+        except not_yet:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(pause)
