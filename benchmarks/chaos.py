@@ -190,9 +190,11 @@ class TrainRun:
         self.wait_until(lambda: False, seconds)
 
     def titled(self, *prefixes: str) -> list:
-        """Live processes of the run whose title starts with one of `prefixes`. Not
-        a fork that has yet to exec: a worker starting a ViZDoom engine forks, and
-        for a moment the child carries the worker's title. Stopping that child
+        """(process, title) of the run's live processes whose title starts with one
+        of `prefixes`, the title as read here: a process may die right after, and
+        a second read of its title would raise (one 10-minute run crashed so).
+        Not a fork that has yet to exec: a worker starting a ViZDoom engine forks,
+        and for a moment the child carries the worker's title. Stopping that child
         (once in a 10-minute run) stopped no worker of the run: the worker, stuck
         waiting for its engine, was killed as hung and replaced, and the stopped
         fork outlived the run."""
@@ -203,7 +205,7 @@ class TrainRun:
                 if parent is not None and title(parent) == name:
                     continue
                 if name.startswith(prefixes) and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
+                    found.append((p, name))
             except psutil.Error:
                 pass
         return found
@@ -246,19 +248,6 @@ class TrainRun:
 def title(p: psutil.Process) -> str:
     """What ps shows for `p`: a fastrl child's title ("fastrl: learner"), else its command line."""
     return " ".join(p.cmdline()).strip()
-
-
-def live_titles(processes) -> list:
-    """(process, title) for each of `processes` still there to give its title: any
-    of them may die between being listed and being looked at (a 10-minute run
-    crashed on one)."""
-    named = []
-    for p in processes:
-        try:
-            named.append((p, title(p)))
-        except psutil.Error:
-            pass
-    return named
 
 
 def shm_entries() -> set:
@@ -305,7 +294,7 @@ def kinds_deck(env: str, rng: random.Random):
 def inject(run: TrainRun, kind: str, rng: random.Random, busy: set) -> Optional[Fault]:
     """Cause one fault of `kind` outside the `busy` slots; None when it has no target
     right now (every slot busy, a worker still starting, no engine running)."""
-    workers = [w for w, name in live_titles(run.titled(*TARGETS[kind])) if slot_of(name) not in busy]
+    workers = [w for w, name in run.titled(*TARGETS[kind]) if slot_of(name) not in busy]
     if kind == "engine":
         return _kill_engine(run, workers, rng)
     if not workers:
@@ -346,13 +335,13 @@ def healed_by(run: TrainRun, fault: Fault) -> str:
     "new engine" once a killed engine's worker, still alive, runs all its games
     again, one of them new; "" before."""
     if fault.kind == "engine":
-        owner = [w for w in run.titled(fault.target) if w.pid == fault.pid]
+        owner = [w for w, _ in run.titled(fault.target) if w.pid == fault.pid]
         engines = {e.pid for e in run.engines_of(owner[0])} if owner else set()
         if len(engines) == run.envs_per_worker and engines - fault.engines_before:
             return "new engine"
     name = fault.target.removeprefix("fastrl: ")
     said = any((m := RESTART.match(line)) and m.group(1) == name for line in run.lines[fault.line_index:])
-    if said and any(p.pid != fault.pid and name == fault.target for p, name in live_titles(run.titled(fault.target))):
+    if said and any(p.pid != fault.pid and name == fault.target for p, name in run.titled(fault.target)):
         return "restart"
     return ""
 
