@@ -271,6 +271,7 @@ def main(argv=None) -> int:
     envs = ["CartPole-v1", "doom_basic"] if args.env == "both" else [args.env]
     tmp = None if args.train_dir else tempfile.TemporaryDirectory(prefix="fastrl_soak_")
     out_dir = args.train_dir or tmp.name
+    os.makedirs(out_dir, exist_ok=True)
     results = []
     try:
         for env in envs:
