@@ -459,6 +459,58 @@ def test_killed_owner_leaves_no_engine_and_no_segments(sig, foreign_handler):
     assert not new
 
 
+MAPPER = textwrap.dedent("""\
+    import mmap, sys, time
+    with open(sys.argv[1], "r+b") as f:
+        m = mmap.mmap(f.fileno(), 4096)
+    print("mapped", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_reaper_removes_a_starting_game_whose_engine_outlives_the_owner(tmp_path):
+    """An init under way when the owner dies: its game's segments may still be
+    mapped at EOF (an engine not yet killed by its parent-death signal). The
+    reaper must look again once that process is gone, and never take a game
+    another process still maps or one older than the init."""
+    def segments(iid, age=0.0):
+        for name in shm_names(iid):
+            path = tmp_path / name
+            path.write_bytes(b"\0" * 4096)
+            os.utime(path, (time.time() - age, time.time() - age))
+
+    def mapper(iid):
+        proc = subprocess.Popen([sys.executable, "-c", MAPPER, str(tmp_path / f"ViZDoomSM{iid}")],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "mapped"
+        return proc
+
+    reaper = subprocess.Popen([sys.executable, "-I", "-S", os.path.join(REPO, "envs", "doom", "_reaper.py"),
+                               str(os.getpid()), str(tmp_path)], stdin=subprocess.PIPE)
+    segments("OlderGame1", age=60)   # unmapped, from before the init: not the init's
+    reaper.stdin.write(b"+Registerd1 999999999\n?\n")  # a registered game (engine gone), then an init
+    reaper.stdin.flush()
+    time.sleep(0.1)
+    segments("Registerd1")
+    segments("StartingG1")            # the init's game, its engine still alive at EOF
+    segments("OtherOwnr1")            # another owner's live game
+    starting, other = mapper("StartingG1"), mapper("OtherOwnr1")
+    try:
+        reaper.stdin.close()          # the owner is gone
+        time.sleep(0.3)
+        starting.kill()               # the engine dies after the reaper's first look
+        starting.wait()
+        reaper.wait(timeout=15)
+        left = set(os.listdir(tmp_path))
+        assert not left & set(shm_names("StartingG1")), "the starting game's segments were kept"
+        assert not left & set(shm_names("Registerd1"))
+        assert set(shm_names("OtherOwnr1")) <= left and set(shm_names("OlderGame1")) <= left
+    finally:
+        for proc in (starting, other, reaper):
+            if proc.poll() is None:
+                proc.kill()
+
+
 def test_close_leaves_nothing_and_is_idempotent():
     env = make("doom_basic")
     env.reset()

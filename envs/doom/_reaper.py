@@ -12,7 +12,8 @@ its stdin. The owner writes one line per event:
 The pipe reaches EOF only when the owner is gone (whatever killed it, SIGKILL
 included). The reaper then kills every registered engine still alive, unlinks
 the registered games' /dev/shm segments, and, if an init was under way, also
-the ViZDoom segments created since then that no live process maps. Then it exits.
+the ViZDoom segments created since then that no live process maps (looking
+again for a few seconds: see sweep_unregistered). Then it exits.
 
 This file is also imported by engine.py for the /proc and /dev/shm helpers, so
 it must stay free of imports outside the standard library.
@@ -154,6 +155,31 @@ def remove_stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_t
     return _unlink(stale_segments(shm_dir, grace_s, newer_than), shm_dir)
 
 
+# When an init was under way at the owner's death, its game has no id we know,
+# and at EOF its engine may still be alive: the kernel sends the engine its
+# parent-death SIGKILL only as the owner's threads finish exiting, after the
+# owner's files (our pipe) are closed, and an engine forked but not yet exec'd
+# still maps the owner's segments until its launcher sees the owner gone. One
+# look at EOF then finds the game's segments mapped and keeps them for good
+# (the likely way one game outlived a chaos run with ~80 engine restarts). So
+# the reaper looks again over a few seconds. A segment is removed only when two
+# looks in a row find it unmapped: another owner creating a game right now has
+# its segments unmapped for an instant, never for half a second.
+SWEEP_DELAYS_S = (0.0, 0.5, 1.0, 1.5, 3.0)
+
+
+def sweep_unregistered(newer_than: float, shm_dir: str = SHM_DIR, delays=SWEEP_DELAYS_S) -> list:
+    """Unlink the ViZDoom segments modified since newer_than that no live
+    process maps in two looks in a row; the names removed."""
+    removed, unmapped_before = [], set()
+    for delay in delays:
+        time.sleep(delay)
+        unmapped = set(stale_segments(shm_dir, grace_s=0.0, newer_than=newer_than))
+        removed += _unlink(sorted(unmapped & unmapped_before), shm_dir)
+        unmapped_before = unmapped - set(removed)
+    return removed
+
+
 def _kill_engine(pid: int, instance_id: str) -> None:
     # Check the command line first: the pid may have been reused by now.
     if is_engine_of(pid, instance_id):
@@ -164,6 +190,8 @@ def _kill_engine(pid: int, instance_id: str) -> None:
 
 
 def main(argv) -> int:
+    # argv: _reaper.py OWNER_PID [SHM_DIR]; the folder is for tests.
+    shm_dir = argv[2] if len(argv) > 2 else SHM_DIR
     # Ctrl-C, a terminal hang-up or a SIGTERM sent to everything must not take
     # the reaper down before its owner: it exits when the owner is gone.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -195,9 +223,9 @@ def main(argv) -> int:
     while time.time() < deadline and any(is_engine_of(p, i) for i, p in games.items()):
         time.sleep(0.02)
     for instance_id in games:
-        unlink_game_segments(instance_id)
+        unlink_game_segments(instance_id, shm_dir)
     if pending and pending_since is not None:
-        remove_stale_segments(grace_s=0.0, newer_than=pending_since)
+        sweep_unregistered(pending_since, shm_dir)
     return 0
 
 
