@@ -10,7 +10,7 @@ Each counts steps per instance, so a re-created env starts its count again:
     NanOnce-v0     one NaN reward, at its 100th step; the update is skipped.
     NanReward-v0   NaN rewards from its 300th step on; the run must stop.
     SelfHealing-v0 at its 3rd step, restarts itself as a ViZDoom env does when its
-                   engine dies: the episode ends truncated with info["env_restarted"].
+                   engine dies: the episode ends truncated with info["env_restarts"].
     DiesHoldingALock-v0  at its 20th step in a rollout worker, once in the run (the
                    first to create the file FAULTY_ENV_ONCE names), takes the lock of
                    the run's episode queue, as a put does, and SIGKILLs its worker.
@@ -56,7 +56,7 @@ class FaultyEnv(gym.Env):
         nan = self.steps in self.nan_at or (self.nan_from is not None and self.steps >= self.nan_from)
         obs = self.np_random.uniform(-1, 1, 4).astype(np.float32)
         if self.steps in self.heal_at:
-            return obs, 0.0, False, True, {"env_restarted": True}
+            return obs, 0.0, False, True, {"env_restarts": 1}
         return obs, float("nan") if nan else 1.0, False, self._t >= EPISODE_STEPS, {}
 
 

@@ -300,8 +300,29 @@ def test_an_engine_that_fails_while_starting_in_a_reset_is_replaced_and_counted(
 
         monkeypatch.setattr(engine, "init_game", dies_once)
         _, info = env.reset()
-        assert len(calls) == 2 and env.restarts == 1 and info["env_restarted"]
+        assert len(calls) == 2 and env.restarts == 1 and info["env_restarts"] == 1
         assert pid_alive(env.engine_pid)
+    finally:
+        env.close()
+
+
+def test_engines_that_fail_while_the_env_is_made_are_reported_at_its_first_reset(monkeypatch):
+    real_init = engine.init_game
+    calls = []
+
+    def dies_twice(game, hang_timeout):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise vizdoom.ViZDoomUnexpectedExitException("killed while starting")
+        return real_init(game, hang_timeout)
+
+    monkeypatch.setattr(engine, "init_game", dies_twice)
+    env = make("doom_basic")
+    try:
+        _, info = env.reset()
+        assert len(calls) == 3 and info["env_restarts"] == 2
+        _, info = env.reset()
+        assert "env_restarts" not in info  # each restart is reported once
     finally:
         env.close()
 
@@ -313,13 +334,13 @@ def test_restart_after_engine_is_killed():
     old_pid, old_iid = env.engine_pid, env.instance_id
     os.kill(old_pid, signal.SIGKILL)
     obs, reward, terminated, truncated, info = env.step(noop(env))
-    assert truncated and not terminated and info["env_restarted"] and "true_objective" in info
+    assert truncated and not terminated and info["env_restarts"] == 1 and "true_objective" in info
     assert obs.shape == (3, 72, 128) and reward == 0.0
     assert_gone(old_pid, old_iid, timeout=2.0)
     obs, _ = env.reset()
     assert env.engine_pid != old_pid and pid_alive(env.engine_pid) and env.restarts == 1
     _, _, terminated, truncated, info = env.step(noop(env))
-    assert not (terminated or truncated) and "env_restarted" not in info
+    assert not (terminated or truncated) and "env_restarts" not in info
     env.close()
 
 
@@ -335,7 +356,7 @@ def test_restart_after_engine_hangs():
     finally:
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
-    assert truncated and info["env_restarted"] and 0.9 < took < 5.0
+    assert truncated and info["env_restarts"] == 1 and 0.9 < took < 5.0
     assert_gone(pid, iid, timeout=2.0)
     env.reset()
     env.step(noop(env))

@@ -23,7 +23,8 @@ once the episode has finished). info["true_objective"] is set on that step.
 
 Crashes: when the engine dies or hangs (engine.py: the watchdog kills a call
 that takes longer than hang_timeout seconds), the step reports truncated=True
-with info["env_restarted"]=True, and the next reset() starts a new engine.
+with info["env_restarts"] (engines restarted since an info last said so), and
+the next reset() starts a new engine.
 The env does not reset itself after an episode ends: call reset().
 """
 from __future__ import annotations
@@ -167,6 +168,7 @@ class DoomEnv(gym.Env):
         self._closed = False
         self._needs_reset = True
         self.restarts = 0  # engines restarted after a crash or hang
+        self._restarts_reported = 0  # of those, the ones an info dict has carried out
         self.mutex_repairs = 0  # queue mutexes released after their engine died holding them
 
         self._start_game()  # here, not at reset: a bad config fails at construction
@@ -320,7 +322,6 @@ class DoomEnv(gym.Env):
         if seed is not None:
             self._seeded = True
         last = None
-        restarts_before = self.restarts
         if self._game is not None and 0 < self.engine_recycle_episodes <= self._episodes_on_engine:
             self._end_game()  # started again below, like an engine that crashed between episodes
             self.engine_recycles += 1
@@ -351,8 +352,17 @@ class DoomEnv(gym.Env):
         self._episode_game_reward = 0.0
         self._needs_reset = False
         self._last_obs = self._observe(state)
-        # A game that crashed between episodes was restarted here.
-        return self._last_obs, ({"env_restarted": True} if self.restarts > restarts_before else {})
+        # A game that crashed between episodes, or while this env was being made,
+        # was restarted here or then.
+        return self._last_obs, self._restarts_to_report()
+
+    def _restarts_to_report(self) -> dict:
+        """{"env_restarts": n} for the n engine restarts no info has carried yet
+        (the runner counts them: a chaos run's engine kills and its env restarts
+        agree), or {}."""
+        n = self.restarts - self._restarts_reported
+        self._restarts_reported = self.restarts
+        return {"env_restarts": n} if n else {}
 
     def step(self, action):
         if self._needs_reset:
@@ -389,9 +399,9 @@ class DoomEnv(gym.Env):
     def _crashed(self):
         """The engine died or hung mid-episode: end the episode as truncated (it did
         not end in the game), report the objective so far, restart at reset()."""
-        info = {"env_restarted": True, "true_objective": self._objective(self._vars)}
         self._end_game()
         self.restarts += 1
+        info = {**self._restarts_to_report(), "true_objective": self._objective(self._vars)}
         self._needs_reset = True
         return self._last_obs, 0.0, False, True, info
 

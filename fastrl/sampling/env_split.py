@@ -139,9 +139,10 @@ class SplitEnvs:
         self.envs[i] = self._make(i)
 
     def _count_own_restart(self, info: dict) -> None:
-        """Count a restart the env did itself: a ViZDoom env whose engine died starts
-        a new one and says so in info (envs/doom/doom_env.py), rather than raising."""
-        if info.get("env_restarted"):
+        """Count the restarts the env did itself: a ViZDoom env whose engine died
+        starts a new one and says how many in info["env_restarts"]
+        (envs/doom/doom_env.py), rather than raising."""
+        for _ in range(int(info.get("env_restarts", 0))):
             self._count_restart()
 
     def _count_restart(self) -> None:
