@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fastrl.envs.doom import ENGINE_RECYCLE_EPISODES as DOOM_ENGINE_RECYCLE_EPISODES
 from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.seeding import SEED_BITS
 
@@ -24,16 +25,6 @@ class ConfigError(ValueError):
 
 def _opt(default, help: str, **extra):
     return field(default=default, metadata={"help": help, **extra})
-
-
-# Episodes a ViZDoom engine plays before fastrl replaces it (--doom_engine_recycle_episodes).
-# Measured with benchmarks/doom_engine_memory.py (AMD EPYC, 2 cores): an engine grows
-# 1.6-1.9 MB per million frames it renders, and a replacement costs 0.12-0.13 s. On the
-# shortest episodes seen (doom_basic under random actions, 13 ms of bare stepping each)
-# 1000 episodes keep that cost at 1% of the engine's own stepping time, far less of a
-# trainer's, where each frame also waits for the model; and an engine then never grows
-# by more than ~8 MB (1000 of doom_battle's longest episodes, 4,200 frames each).
-DOOM_ENGINE_RECYCLE_EPISODES = 1000
 
 
 @dataclass
@@ -344,9 +335,9 @@ def env_options(cfg: Config) -> dict:
         options["doom_measurements"] = True
     if cfg.doom_hud:
         options["doom_hud"] = True
-    # Passed to Doom envs always (it is their default only through this option); to
-    # another env only when set, so that the family check above can refuse it.
-    if cfg.env.startswith("doom_") or cfg.doom_engine_recycle_episodes != DOOM_ENGINE_RECYCLE_EPISODES:
+    # Like the other Doom options, passed only when it differs from the env's own
+    # default, so that the family check above can refuse it for other envs.
+    if cfg.doom_engine_recycle_episodes != DOOM_ENGINE_RECYCLE_EPISODES:
         options["doom_engine_recycle_episodes"] = cfg.doom_engine_recycle_episodes
     if cfg.atari_sticky_actions:
         options["atari_sticky_actions"] = True

@@ -133,6 +133,22 @@ def test_engine_recycling_replaces_the_engine_and_plays_the_same_episodes():
     keeping.close(), recycling.close()
 
 
+def test_the_env_and_the_trainer_recycle_engines_at_one_default():
+    # fastrl.enjoy, the evaluator and bench make DoomEnvs directly; the trainer
+    # passes the option only when it differs from the env's own default.
+    import inspect
+
+    from fastrl.config import env_options, parse_args
+    from fastrl.envs.doom.doom_env import DoomEnv
+
+    env_default = inspect.signature(DoomEnv).parameters["engine_recycle_episodes"].default
+    cfg, _ = parse_args(["--env", "doom_basic"])
+    assert cfg.doom_engine_recycle_episodes == env_default > 0
+    assert "doom_engine_recycle_episodes" not in env_options(cfg)
+    cfg, _ = parse_args(["--env", "doom_basic", "--doom_engine_recycle_episodes", "0"])
+    assert env_options(cfg)["doom_engine_recycle_episodes"] == 0
+
+
 def test_engine_recycling_refuses_a_negative_count():
     with pytest.raises(ValueError, match="engine_recycle_episodes must be 0"):
         make("doom_basic", doom_engine_recycle_episodes=-1)

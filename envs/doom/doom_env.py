@@ -39,7 +39,7 @@ import cv2
 import gymnasium as gym
 import numpy as np
 import vizdoom as vzd
-from fastrl.envs.doom import engine
+from fastrl.envs.doom import ENGINE_RECYCLE_EPISODES, engine
 from fastrl.envs.doom.actions import ActionMapper
 from fastrl.envs.doom.scenarios import BATTLE_SHAPING, GATHERING_PICKUP_REWARD, DoomScenario, get_scenario
 
@@ -120,7 +120,8 @@ class DoomEnv(gym.Env):
                  config_path: str | None = None, measurements: bool = False, hud: bool = False,
                  render_mode: str | None = None,
                  episode_timeout: int | None = None, num_bots: int | None = None,
-                 hang_timeout: float = DEFAULT_HANG_TIMEOUT_S, engine_recycle_episodes: int = 0):
+                 hang_timeout: float = DEFAULT_HANG_TIMEOUT_S,
+                 engine_recycle_episodes: int = ENGINE_RECYCLE_EPISODES):
         """scenario: a name from scenarios.SCENARIOS (or a DoomScenario).
         config_path: a ViZDoom .cfg used instead of the scenario's (required for
             doom_custom); the scenario still picks reward and objective.
@@ -130,9 +131,10 @@ class DoomEnv(gym.Env):
         num_bots: override of the scenario's bot count (bot scenarios only).
         hang_timeout: seconds one engine call may take before the engine counts as hung.
         engine_recycle_episodes: start a fresh engine process after this many episodes
-            on one (0: never). A ViZDoom engine's memory creeps up over a long run;
-            a new one starts from its first footprint, and the episodes it plays
-            are the same, since each episode's seed comes from the env's own stream."""
+            on one (0: never; the default: see ENGINE_RECYCLE_EPISODES). A ViZDoom
+            engine's memory creeps up over a long run; a new one starts from its
+            first footprint, and the episodes it plays are the same, since each
+            episode's seed comes from the env's own stream."""
         global _cv2_threads_set
         if not _cv2_threads_set:
             # Resizing a 160x120 frame gains nothing from threads; cv2's pool would
