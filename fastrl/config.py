@@ -120,6 +120,11 @@ class Config:
                           "run of a model, then cached under ~/.cache/fastrl unless a busy machine cut it short), else fp32; "
                           "fp32 on CUDA, where bf16 is not measured yet. A saved auto is decided again on the machine that resumes or plays it.",
                           choices=("auto", "fp32", "bf16"))
+    compile_learner: str = _opt("auto", "torch.compile the learner's re-run of the policy (the loss's forward and backward): "
+                                "auto = on a CPU, for image models with a GRU, compile it in the background while training "
+                                "eagerly, time real steps both ways and keep the faster (doom_battle's step: 0.61x "
+                                "eager's time in bf16, benchmarks/README.md); on = use it once compiled; off = never.",
+                                choices=("auto", "on", "off"))
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
                                  "costs a second encoder pass, so image models may prefer false.")
 

@@ -138,8 +138,9 @@ def test_the_env_and_the_trainer_recycle_engines_at_one_default():
     # passes the option only when it differs from the env's own default.
     import inspect
 
-    from fastrl.config import env_options, parse_args
     from fastrl.envs.doom.doom_env import DoomEnv
+
+    from fastrl.config import env_options, parse_args
 
     env_default = inspect.signature(DoomEnv).parameters["engine_recycle_episodes"].default
     cfg, _ = parse_args(["--env", "doom_basic"])

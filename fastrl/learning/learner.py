@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
-from fastrl.algo.model import build_model, flat_state, flat_state_size, load_flat_state
+from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from fastrl.learning.compiled import CompiledEvaluate
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
@@ -30,6 +31,8 @@ from fastrl.plumbing.timeline import mark
 QUEUE_TIMEOUT_S = 0.1
 # The metrics message that carries every rank's final weights digest to the runner.
 WEIGHTS_KEY = "weights_sha256_by_rank"
+# The metrics message that says whether the learner's step runs compiled, and why.
+COMPILE_KEY = "learner_compile"
 METRICS_EVERY_S = 1.0
 MAX_NONFINITE_IN_A_ROW = 20
 
@@ -54,6 +57,9 @@ class Learner:
         load_flat_state(self.model, ctx.params.flat.clone())
         self.model.to(self.device).train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
+                                         auto_compiles=has_images(ctx.obs_space) and cfg.use_rnn
+                                         and self.device.type == "cpu")
         self.version = ctx.params.version
         self.samples_trained = 0
         if resume_path:
@@ -194,7 +200,16 @@ class Learner:
         self.ctx.params.publish(flat_state(self.model).cpu(), self.version)
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
+        self.compiled.before_step(mb)
+        start = time.perf_counter()
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers)
+        self.compiled.after_step(time.perf_counter() - start)
+        report = self.compiled.take_report()
+        if report is not None:
+            try:
+                put_many_polling(self.ctx.metrics_queue, [{COMPILE_KEY: report}], 1.0)
+            except queue.Full:
+                pass  # a report only
         if out is None:
             self._skip_nonfinite()
             return

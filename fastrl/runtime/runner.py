@@ -47,9 +47,10 @@ from fastrl.learning.checkpoint import (
     checkpoint_dir,
     load_latest_checkpoint,
 )
+from fastrl.learning.compiled import describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import WEIGHTS_KEY, learner_main
+from fastrl.learning.learner import COMPILE_KEY, WEIGHTS_KEY, learner_main
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
@@ -487,6 +488,8 @@ class Runner:
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
                 self.metrics.update(m)
+                if COMPILE_KEY in m:
+                    self.say(describe_compile(m[COMPILE_KEY]))
         except queue.Empty:
             pass
         try:
@@ -732,6 +735,7 @@ class Runner:
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
             "learner_restarts": self.earlier.learner_restarts,
+            COMPILE_KEY: self.metrics.get(COMPILE_KEY),
         }
         if self.rank.distributed:
             summary["ranks"] = {

@@ -1,0 +1,131 @@
+"""Does torch.compile (inductor) make the model cheaper on this CPU?
+
+    python benchmarks/compile_vs_eager.py [--env doom_battle] [--parts conv gru evaluate] [--seconds 20]
+
+For each precision (fp32, bf16) and each part compiled, builds the env's model
+twice from the same seed, once eager and once with that part wrapped in
+torch.compile, and times both in interleaved rounds (one call of each per
+round, so a busy second slows both alike): the learner's gradient step on a
+minibatch of the trainer's shape, and an actor's forward on --forward_batch
+samples, on one thread as the trainer runs them. Prints the median of each, the
+compiled/eager ratio (below 1: compiled is faster) and the seconds the first
+compiled calls took (paid at every launch without a warm inductor cache).
+
+Parts: `conv` the image encoder's conv and FC stacks, `gru` the GRU step the
+learner unrolls over time, `evaluate` the whole re-run of the policy over a
+trajectory batch (encoder, unrolled GRU, heads) that the loss differentiates.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine line in every benchmark
+from fastrl.envs.registry import get_spec  # noqa: E402
+
+from fastrl.algo import model as model_module  # noqa: E402
+from fastrl.algo.model import build_model  # noqa: E402
+from fastrl.config import parse_args  # noqa: E402
+from fastrl.learning.learner import gradient_step  # noqa: E402
+from fastrl.tuning.profiling import _fake_minibatch, _fake_obs, time_interleaved  # noqa: E402
+
+EAGER_GRU_STEP = model_module.gru_step
+
+
+def compile_part(model, part: str) -> None:
+    """Wrap one part of `model` in torch.compile, in place (gru: see with_compiled_gru)."""
+    if part == "conv":
+        for encoder in model.encoders:
+            if isinstance(encoder, model_module.ConvEncoder):
+                encoder.conv, encoder.fc = torch.compile(encoder.conv), torch.compile(encoder.fc)
+    elif part == "evaluate":
+        model.evaluate = torch.compile(model.evaluate)
+    elif part != "gru":
+        raise SystemExit(f"compile_vs_eager.py: unknown part {part!r}; choose conv, gru or evaluate.")
+
+
+def with_compiled_gru(fn, compiled_step):
+    """fn with the model module's gru_step compiled for the call's length only: the
+    model looks the function up by name on every step, and the eager side of the
+    comparison must keep the eager one."""
+    def call():
+        model_module.gru_step = compiled_step
+        try:
+            fn()
+        finally:
+            model_module.gru_step = EAGER_GRU_STEP
+    return call
+
+
+def calls_for(cfg, obs_space, action_space, precision: str, part: str | None, forward_batch: int) -> dict:
+    """{"train": one gradient step, "forward": one actor forward}, eager or with `part` compiled."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, obs_space, action_space, precision)
+    actor = build_model(cfg, obs_space, action_space, precision)
+    actor.load_state_dict(model.state_dict())
+    actor.eval()
+    if part is not None:
+        compile_part(model, part)
+        compile_part(actor, part)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    mb = _fake_minibatch(cfg, model, obs_space, gen)
+    obs = _fake_obs(model, obs_space, (forward_batch,), gen)
+    rnn = torch.zeros(forward_batch, model.rnn_state_size)
+
+    def train():
+        gradient_step(cfg, model, optimizer, mb, mb["valid"])
+
+    def forward():
+        with torch.no_grad():
+            actor.act(obs, rnn)
+
+    calls = {"train": train, "forward": forward}
+    if part == "gru":
+        compiled_step = torch.compile(EAGER_GRU_STEP)
+        calls = {name: with_compiled_gru(fn, compiled_step) for name, fn in calls.items()}
+    return calls
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="doom_battle")
+    parser.add_argument("--parts", nargs="+", default=["conv", "gru", "evaluate"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--forward_batch", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per part and precision")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    cfg, _ = parse_args(["--env", args.env])
+    env = get_spec(cfg.env).make(seed=0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    print(f"compile_vs_eager: {args.env}, {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"1 thread; learner step on {cfg.batch_size} samples, actor forward on {args.forward_batch}", flush=True)
+    for precision in args.precisions:
+        eager = calls_for(cfg, obs_space, action_space, precision, None, args.forward_batch)
+        for part in args.parts:
+            compiled = calls_for(cfg, obs_space, action_space, precision, part, args.forward_batch)
+            t0 = time.perf_counter()
+            compiled["train"](), compiled["forward"]()
+            first = time.perf_counter() - t0
+            both = {(side, name): (1, fn) for side, calls in (("eager", eager), ("compiled", compiled))
+                    for name, fn in calls.items()}
+            timed = time_interleaved(both, args.seconds).per_call
+            ratio = {name: timed[("compiled", name)] / timed[("eager", name)] for name in ("train", "forward")}
+            print(f"{precision:>4} {part:>8}: learner step eager {timed[('eager', 'train')] * 1e3:7.1f} ms, "
+                  f"compiled {timed[('compiled', 'train')] * 1e3:7.1f} ms ({ratio['train']:.2f}x); "
+                  f"forward eager {timed[('eager', 'forward')] * 1e3:5.2f} ms, "
+                  f"compiled {timed[('compiled', 'forward')] * 1e3:5.2f} ms ({ratio['forward']:.2f}x); "
+                  f"first compiled calls {first:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The learner's re-run of the policy (ActorCritic.evaluate: the forward whose
+backward the loss takes), compiled with torch.compile where that measures faster.
+
+benchmarks/compile_vs_eager.py, doom_battle's model on one thread (AMD EPYC, torch
+2.13): the whole of evaluate compiled takes the learner's step to 0.61x of eager's
+time in bf16 and 0.74x in fp32 (doom_defend_the_center's: 0.61x in bf16), where
+the conv stack or the GRU step compiled alone gain nothing (0.93-1.06x), nor does
+an actor's forward (0.98-1.02x). The cost is the compile: tens of seconds of a
+core the first time on a machine, a few once inductor's on-disk cache holds it.
+So no run waits for it:
+
+1. the learner trains eagerly from its first batch, and hands a copy of that first
+   minibatch to a thread that compiles evaluate on a replica of the model, forward
+   and backward (the C++ compiler runs as other processes, so the thread mostly
+   waits), which fills the cache;
+2. then, between two steps, the learner compiles its own model's evaluate, which
+   finds everything cached (the pause: seconds), and times its next real steps
+   compiled and eager in turn;
+3. with `auto` it keeps the faster (compiled only below MAX_RATIO of eager's
+   time), with `on` the compiled one. Any error (no C++ compiler, an op inductor
+   cannot lower) leaves the step eager, and the report says why.
+
+The inputs of the first compile are the real minibatch's own shapes, strides and
+dtypes, so the learner's compile matches the cached one instead of compiling anew.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import threading
+import time
+from typing import Optional
+
+import torch
+
+# `auto` compiles only image models with a GRU core, on a CPU. The gain is the GRU's
+# unrolled loop, its small ops fused forward and backward: doom_basic's image model
+# without a GRU gains 0.87x, and its runs reach their target in two minutes, during
+# which the compile's CPU seconds would cost more than the steps win back; a vector
+# model's step takes a few ms. On a GPU it has not been measured yet.
+MODES = ("auto", "on", "off")
+TIMED_STEPS = 3  # real steps timed each way before `auto` decides
+MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
+EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
+
+
+class CompiledEvaluate:
+    """Switches `model.evaluate` between eager and compiled as the steps go.
+
+    The learner calls `before_step(mb)` and `after_step(seconds)` around every
+    gradient step; `report` is set once the choice is made (a dict for the run's
+    summary), and `take_report()` hands it over once."""
+
+    def __init__(self, model: torch.nn.Module, mode: str, uniform_kl: bool, auto_compiles: bool):
+        """uniform_kl: what the loss passes evaluate. auto_compiles: whether `auto`
+        tries the compile (an image model with a GRU, on a CPU)."""
+        if mode not in MODES:
+            raise ValueError(f"compile mode must be one of {MODES}, not {mode!r}")
+        self.model, self.mode, self.uniform_kl = model, mode, uniform_kl
+        self.state = "eager" if mode == "off" or (mode == "auto" and not auto_compiles) else "start"
+        self.report: Optional[dict] = None
+        self._reported = False
+        self._warm: Optional[threading.Thread] = None
+        self._warm_s = 0.0
+        self._warm_error: Optional[str] = None
+        self._switch_s = 0.0
+        self._compiled = None
+        self._times: dict = {"eager": [], "compiled": []}
+        self._current = "eager"
+        self._untimed = False
+
+    # -- the learner's two calls ----------------------------------------------------------
+    def before_step(self, mb: dict) -> None:
+        if self.state == "start":
+            self._start_warm(mb)
+        elif self.state == "warming" and not self._warm.is_alive():
+            self._switch()
+        elif self.state == "timing" and self.mode == "auto":
+            self._use("eager" if self._current == "compiled" else "compiled")
+
+    def after_step(self, seconds: float) -> None:
+        if self.state != "timing":
+            return
+        if self._untimed:  # the first compiled call includes the learner's own compile
+            self._untimed = False
+            return
+        self._times[self._current].append(seconds)
+        if self.mode == "on" or min(len(t) for t in self._times.values()) >= TIMED_STEPS:
+            self._decide()
+
+    def take_report(self) -> Optional[dict]:
+        if self.report is None or self._reported:
+            return None
+        self._reported = True
+        return self.report
+
+    # -- stages -------------------------------------------------------------------------
+    def _start_warm(self, mb: dict) -> None:
+        inputs = {k: ({kk: vv.clone() for kk, vv in mb[k].items()} if isinstance(mb[k], dict) else mb[k].clone())
+                  for k in EVALUATE_INPUTS}
+        replica = copy.deepcopy(self.model)
+        self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs),
+                                      name="fastrl: learner compile", daemon=True)
+        self.state = "warming"
+        self._warm.start()
+
+    def _compile_replica(self, replica: torch.nn.Module, inputs: dict) -> None:
+        """Thread: compile evaluate on the replica, forward and backward (inductor
+        compiles the backward on its first call). Gradients go to autograd.grad,
+        never into any .grad the learner's optimizer reads."""
+        start = time.perf_counter()
+        try:
+            fn = torch.compile(replica.evaluate)
+            with torch.enable_grad():
+                out = fn(inputs["obs"], inputs["rnn_state0"], inputs["episode_start"], inputs["actions"],
+                         uniform_kl=self.uniform_kl)
+                total = sum(t.float().sum() for t in out if t is not None and t.requires_grad)
+                params = [p for p in replica.parameters() if p.requires_grad]
+                torch.autograd.grad(total, params, allow_unused=True)
+        except Exception as err:  # noqa: BLE001 - whatever inductor raises, training goes on eagerly
+            self._warm_error = _short(err)
+        self._warm_s = time.perf_counter() - start
+
+    def _switch(self) -> None:
+        if self._warm_error is not None:
+            self._finish("eager", f"compiling failed ({self._warm_error})")
+            return
+        eager = type(self.model).evaluate.__get__(self.model)
+        compiled = torch.compile(eager)
+
+        def guarded(*args, **kwargs):
+            # The replica's compile ran forward and backward on these very shapes, so
+            # this should not fail; if it does, the step and the rest go eager.
+            start = time.perf_counter()
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001
+                self._finish("eager", f"the learner's compiled call failed ({_short(err)})")
+                return eager(*args, **kwargs)
+            finally:
+                if self._untimed:
+                    self._switch_s = time.perf_counter() - start
+
+        self._compiled = guarded
+        self.state = "timing"
+        self._untimed = True
+        self._use("compiled")
+
+    def _use(self, which: str) -> None:
+        self._current = which
+        if which == "compiled":
+            self.model.evaluate = self._compiled
+        else:
+            self.model.__dict__.pop("evaluate", None)
+
+    def _decide(self) -> None:
+        eager = statistics.median(self._times["eager"]) if self._times["eager"] else None
+        compiled = statistics.median(self._times["compiled"])
+        if self.mode == "on":
+            self._finish("compiled", "asked for (--compile_learner on)", eager, compiled)
+        elif compiled < MAX_RATIO * eager:
+            self._finish("compiled", "faster", eager, compiled)
+        else:
+            self._finish("eager", f"not faster than eager (needs under {MAX_RATIO:.2f}x)", eager, compiled)
+
+    def _finish(self, chosen: str, why: str, eager: Optional[float] = None, compiled: Optional[float] = None) -> None:
+        self.state = chosen
+        self._use(chosen)
+        self.report = {"chosen": chosen, "why": why, "eager_step_s": eager, "compiled_step_s": compiled,
+                       "ratio": compiled / eager if eager and compiled else None,
+                       "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2)}
+
+
+def describe_compile(report: dict) -> str:
+    """The line a run prints once the choice is made."""
+    timed = ""
+    if report["eager_step_s"] and report["compiled_step_s"]:
+        timed = (f": {report['compiled_step_s'] * 1e3:,.0f} ms a step against eager's "
+                 f"{report['eager_step_s'] * 1e3:,.0f} ({report['ratio']:.2f}x)")
+    elif report["compiled_step_s"]:
+        timed = f": {report['compiled_step_s'] * 1e3:,.0f} ms a step"
+    head = "the learner's step runs compiled" if report["chosen"] == "compiled" else "the learner's step stays eager"
+    return (f"{head}, {report['why']}{timed}; compiled in the background in {report['background_compile_s']:.1f} s, "
+            f"then {report['switch_s']:.1f} s for the learner's first compiled call")

@@ -1,0 +1,117 @@
+"""The learner's compiled step (fastrl/learning/compiled.py): the compiled re-run
+of the policy gives eager's outputs and gradients, and the switch keeps whichever
+the timed steps say is faster, staying eager on any failure."""
+import signal
+
+import gymnasium as gym
+import pytest
+import torch
+from helpers import TrainRun, read_summary
+
+from fastrl.algo.model import build_model
+from fastrl.config import parse_args
+from fastrl.learning import compiled as compiled_module
+from fastrl.learning.compiled import TIMED_STEPS, CompiledEvaluate, describe_compile
+from fastrl.learning.learner import gradient_step
+from fastrl.tuning.profiling import _fake_minibatch
+
+IMAGE = gym.spaces.Box(0, 255, (3, 36, 48), dtype="uint8")
+ACTIONS = gym.spaces.MultiDiscrete([3, 2])
+
+
+def small_image_model(precision="fp32"):
+    cfg, _ = parse_args(["--env", "doom_basic", "--use_rnn", "true", "--rnn_size", "32", "--rollout", "4",
+                         "--batch_size", "16"])
+    torch.manual_seed(0)
+    model = build_model(cfg, IMAGE, ACTIONS, precision)
+    return cfg, model, _fake_minibatch(cfg, model, IMAGE, torch.Generator().manual_seed(0))
+
+
+def test_the_compiled_step_gives_eager_outputs_and_gradients():
+    cfg, eager, mb = small_image_model()
+    compiled = build_model(cfg, IMAGE, ACTIONS, "fp32")
+    compiled.load_state_dict(eager.state_dict())
+    compiled.evaluate = torch.compile(compiled.evaluate)
+    outs = []
+    for model in (eager, compiled):
+        out, _ = gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), mb, mb["valid"])
+        outs.append(out)
+    torch.testing.assert_close(outs[1].total, outs[0].total, rtol=1e-5, atol=1e-6)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        assert p_eager.grad is not None, name
+        torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def drive(chooser, mb, step_seconds, steps=2 * TIMED_STEPS + 4):
+    """The learner's calls around each gradient step, the step taking
+    step_seconds[which is in use]; waits for the background compile between."""
+    for _ in range(steps):
+        chooser.before_step(mb)
+        if chooser.state == "warming":
+            chooser._warm.join(timeout=60)
+        chooser.after_step(step_seconds[chooser._current])
+    return chooser.take_report()
+
+
+@pytest.fixture
+def no_real_compile(monkeypatch):
+    """torch.compile as the identity: the choice is what these tests look at."""
+    monkeypatch.setattr(compiled_module.torch, "compile", lambda fn: fn)
+
+
+@pytest.mark.parametrize("compiled_s, chosen", [(0.5, "compiled"), (0.98, "eager")])
+def test_auto_keeps_whichever_timed_faster(no_real_compile, compiled_s, chosen):
+    cfg, model, mb = small_image_model()
+    chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
+    report = drive(chooser, mb, {"eager": 1.0, "compiled": compiled_s})
+    assert report["chosen"] == chosen and chooser.state == chosen
+    assert report["eager_step_s"] == 1.0 and report["compiled_step_s"] == compiled_s
+    assert ("evaluate" in model.__dict__) == (chosen == "compiled")  # the instance's own, or the class's
+    assert chooser.take_report() is None  # handed over once
+    assert describe_compile(report).startswith("the learner's step runs compiled" if chosen == "compiled"
+                                               else "the learner's step stays eager")
+
+
+def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):
+    _, model, mb = small_image_model()
+    report = drive(CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False), mb,
+                   {"eager": 0.1, "compiled": 1.0})
+    assert report["chosen"] == "compiled" and report["eager_step_s"] is None
+
+
+def test_a_compile_that_fails_leaves_the_step_eager_and_says_why(monkeypatch):
+    def no_compiler(fn):
+        raise RuntimeError("no C++ compiler found\nmore detail")
+
+    monkeypatch.setattr(compiled_module.torch, "compile", no_compiler)
+    _, model, mb = small_image_model()
+    report = drive(CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True), mb,
+                   {"eager": 1.0, "compiled": 0.1})
+    assert report["chosen"] == "eager" and "RuntimeError: no C++ compiler found" in report["why"]
+    assert "evaluate" not in model.__dict__
+
+
+@pytest.mark.parametrize("mode, auto_compiles", [("off", True), ("auto", False)])
+def test_no_compile_is_tried_where_none_is_wanted(monkeypatch, mode, auto_compiles):
+    monkeypatch.setattr(compiled_module.torch, "compile", lambda fn: pytest.fail("compiled"))
+    _, model, mb = small_image_model()
+    chooser = CompiledEvaluate(model, mode, uniform_kl=False, auto_compiles=auto_compiles)
+    assert drive(chooser, mb, {"eager": 1.0, "compiled": 0.1}) is None and chooser.state == "eager"
+
+
+def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path):
+    # A small recurrent model keeps the compile short (a cold one took ~30 s on 2
+    # busy cores); `on` skips the timing, so the line comes one step after it.
+    run = TrainRun(["--env", "CartPole-v1", "--use_rnn", "true", "--rnn_size", "16", "--rollout", "8",
+                    "--compile_learner", "on", "--train_for_seconds", "240", "--train_dir", str(tmp_path),
+                    "--status_every_seconds", "10"])
+    try:
+        run.wait_for_line(lambda line: "the learner's step runs compiled, asked for (--compile_learner on)" in line,
+                          timeout=200)
+        run.signal_group(signal.SIGINT)
+        assert run.wait(timeout=60) == 128 + signal.SIGINT, run.output()
+    finally:
+        run.kill_all()
+    report = read_summary(tmp_path, "CartPole-v1")["learner_compile"]
+    assert report["chosen"] == "compiled" and report["compiled_step_s"] > 0, report
+    assert run.leftover_processes() == []
