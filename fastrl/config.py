@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fastrl.envs.doom import ENGINE_RECYCLE_EPISODES as DOOM_ENGINE_RECYCLE_EPISODES
+from fastrl.envs.doom.scenarios import ENGINE_RECYCLE_EPISODES as DOOM_ENGINE_RECYCLE_EPISODES
 from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.seeding import SEED_BITS
 

@@ -39,9 +39,15 @@ import cv2
 import gymnasium as gym
 import numpy as np
 import vizdoom as vzd
-from fastrl.envs.doom import ENGINE_RECYCLE_EPISODES, engine
+from fastrl.envs.doom import engine
 from fastrl.envs.doom.actions import ActionMapper
-from fastrl.envs.doom.scenarios import BATTLE_SHAPING, GATHERING_PICKUP_REWARD, DoomScenario, get_scenario
+from fastrl.envs.doom.scenarios import (
+    BATTLE_SHAPING,
+    ENGINE_RECYCLE_EPISODES,
+    GATHERING_PICKUP_REWARD,
+    DoomScenario,
+    get_scenario,
+)
 
 FRAMESKIP = 4
 OBS_HEIGHT, OBS_WIDTH = 72, 128
