@@ -37,6 +37,7 @@ FASTRL_SCENARIO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 # by more than ~8 MB (1000 of doom_battle's longest episodes, 4,200 frames each).
 ENGINE_RECYCLE_EPISODES = 1000
 
+
 @dataclass(frozen=True)
 class DoomScenario:
     name: str
