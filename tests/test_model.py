@@ -10,6 +10,7 @@ import torch
 from fastrl.algo.model import (
     IMAGE_NORM_ROWS,
     ActorCritic,
+    RunningNorm,
     flat_state,
     flat_state_size,
     gru_step,
@@ -225,6 +226,21 @@ def test_images_are_normalised_per_pixel(bf16):
         got = encoder(x)
         want = encoder.fc(encoder.conv(z))
     torch.testing.assert_close(got, want, atol=0.05 if bf16 else 1e-4, rtol=0.05 if bf16 else 1e-4)
+
+
+def test_the_pixel_z_score_is_the_same_whatever_the_images_layout():
+    # The statistics are laid out as the images are before the arithmetic (a speed
+    # matter only): channels-last and contiguous frames, uint8 or float, give the
+    # textbook z-score to the last bit.
+    norm = RunningNorm(IMAGE.shape)
+    norm.mean.copy_(torch.rand(IMAGE.shape) * 255)
+    norm.var.copy_(torch.rand(IMAGE.shape) * 50)
+    norm.var[0, 0, :3] = 0.0  # static pixels: the epsilon and the clip decide
+    frames = torch.randint(0, 256, (5, *IMAGE.shape), dtype=torch.uint8)
+    want = ((frames.float() - norm.mean) * torch.rsqrt(norm.var + 1e-8)).clamp(-10, 10)
+    for x in (frames, frames.contiguous(memory_format=torch.channels_last), frames.float()):
+        got = norm(x)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
 
 
 def test_obs_layout_and_conversion():

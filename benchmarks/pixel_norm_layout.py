@@ -1,0 +1,102 @@
+"""What the per-pixel z-score costs: the model's RunningNorm against the textbook
+expression it replaced, inside the learner's step and an actor's forward.
+
+    python benchmarks/pixel_norm_layout.py [--env doom_battle] [--rounds 6]
+
+The textbook `((x.float() - mean) * rsqrt(var + eps)).clamp(...)` gives the same
+numbers (tests/test_model.py checks every bit), but against channels-last frames
+its [C, H, W] statistics make the innermost loop stride across memory, and it
+makes four full-size tensors. For each precision the script times, in
+interleaved rounds on one thread, the learner's gradient step on a minibatch of
+the trainer's shape and an actor's forward on --forward_batch samples, with each
+version of the z-score, and prints the medians and the ratio (model / textbook).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine line in every benchmark
+from fastrl.envs.registry import get_spec  # noqa: E402
+
+from fastrl.algo import model as model_module  # noqa: E402
+from fastrl.config import parse_args  # noqa: E402
+from fastrl.learning.learner import gradient_step  # noqa: E402
+from fastrl.tuning.profiling import _fake_minibatch, _fake_obs  # noqa: E402
+
+MODEL_ZSCORE = model_module.RunningNorm.forward
+
+
+def textbook_zscore(self, x: torch.Tensor) -> torch.Tensor:
+    z = (x.float() - self.mean) * torch.rsqrt(self.var + model_module.NORM_EPS)
+    return z.clamp(-model_module.NORM_CLIP, model_module.NORM_CLIP)
+
+
+def time_both(cfg, obs_space, action_space, precision: str, forward_batch: int, rounds: int) -> dict:
+    """{(version, "step" | "forward"): median seconds}, the versions interleaved."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    learner = model_module.build_model(cfg, obs_space, action_space, precision)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    mb = _fake_minibatch(cfg, learner, obs_space, gen)
+    actor = model_module.build_model(cfg, obs_space, action_space, precision).eval()
+    obs = _fake_obs(actor, obs_space, (forward_batch,), gen)
+    rnn = torch.zeros(forward_batch, actor.rnn_state_size)
+
+    def step():
+        gradient_step(cfg, learner, optimizer, mb, mb["valid"])
+
+    def forward():
+        with torch.no_grad():
+            actor.act(obs, rnn)
+
+    times: dict = {}
+    try:
+        for round_ in range(rounds + 1):  # round 0 warms up, untimed
+            for version, zscore in (("textbook", textbook_zscore), ("model", MODEL_ZSCORE)):
+                model_module.RunningNorm.forward = zscore
+                for what, fn in (("step", step), ("forward", forward)):
+                    start = time.perf_counter()
+                    fn()
+                    if round_:
+                        times.setdefault((version, what), []).append(time.perf_counter() - start)
+    finally:
+        model_module.RunningNorm.forward = MODEL_ZSCORE
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="doom_battle")
+    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp32"])
+    parser.add_argument("--forward_batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    cfg, _ = parse_args(["--env", args.env])
+    if not cfg.normalize_obs:
+        raise SystemExit(f"pixel_norm_layout.py: {args.env}'s model does not normalise its pixels "
+                         "(--normalize_obs is off in its preset); pick a Doom env that does, such as doom_battle.")
+    env = get_spec(cfg.env).make(seed=0)
+    obs_space, action_space = env.observation_space, env.action_space
+    env.close()
+    print(f"pixel_norm_layout: {args.env}, {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"1 thread; learner step on {cfg.batch_size} samples, actor forward on {args.forward_batch}", flush=True)
+    for precision in args.precisions:
+        med = time_both(cfg, obs_space, action_space, precision, args.forward_batch, args.rounds)
+        cells = []
+        for what, name in (("step", "learner step"), ("forward", "forward")):
+            old, new = med[("textbook", what)], med[("model", what)]
+            cells.append(f"{name} textbook {old * 1e3:6.1f} ms, model {new * 1e3:6.1f} ms ({new / old:.2f}x)")
+        print(f"{precision:>4}: " + "; ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
