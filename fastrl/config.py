@@ -122,7 +122,7 @@ class Config:
                           choices=("auto", "fp32", "bf16"))
     compile_learner: str = _opt("auto", "torch.compile the learner's re-run of the policy (the loss's forward and backward): "
                                 "auto = on a CPU, for image models with a GRU, compile it in the background while training "
-                                "eagerly, time real steps both ways and keep the faster (doom_battle's step: 0.61x "
+                                "eagerly, time real steps both ways and keep the faster (doom_battle's step: 0.78x "
                                 "eager's time in bf16, benchmarks/README.md); on = use it once compiled; off = never.",
                                 choices=("auto", "on", "off"))
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "

@@ -2,11 +2,12 @@
 backward the loss takes), compiled with torch.compile where that measures faster.
 
 benchmarks/compile_vs_eager.py, doom_battle's model on one thread (AMD EPYC, torch
-2.13): the whole of evaluate compiled takes the learner's step to 0.61x of eager's
-time in bf16 and 0.74x in fp32 (doom_defend_the_center's: 0.61x in bf16), where
-the conv stack or the GRU step compiled alone gain nothing (0.93-1.06x), nor does
-an actor's forward (0.98-1.02x). The cost is the compile: tens of seconds of a
-core the first time on a machine, a few once inductor's on-disk cache holds it.
+2.13): the whole of evaluate compiled takes the learner's step to 0.78x of eager's
+time in bf16 and 0.84x in fp32 (0.61x and 0.74x before the eager pixel z-score
+was laid out as the frames are: the compile had fused it), where the conv stack
+or the GRU step compiled alone gain nothing (0.93-1.06x), nor does an actor's
+forward (0.98-1.02x). The cost is the compile: tens of seconds of a core the
+first time on a machine, a few once inductor's on-disk cache holds it.
 So no run waits for it:
 
 1. the learner trains eagerly from its first batch, and hands a copy of that first
@@ -33,11 +34,12 @@ from typing import Optional
 
 import torch
 
-# `auto` compiles only image models with a GRU core, on a CPU. The gain is the GRU's
-# unrolled loop, its small ops fused forward and backward: doom_basic's image model
-# without a GRU gains 0.87x, and its runs reach their target in two minutes, during
-# which the compile's CPU seconds would cost more than the steps win back; a vector
-# model's step takes a few ms. On a GPU it has not been measured yet.
+# `auto` compiles only image models with a GRU core, on a CPU. With a GRU the
+# unrolled loop is one graph to fuse, forward and backward. doom_basic's image
+# model has none (and no input z-score) and gained 0.87x, and its runs reach their
+# target in two minutes, during which the compile's CPU seconds would cost more
+# than the steps win back; a vector model's step takes a few ms. On a GPU it has
+# not been measured yet.
 MODES = ("auto", "on", "off")
 TIMED_STEPS = 3  # real steps timed each way before `auto` decides
 MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
