@@ -1,15 +1,17 @@
 """What the per-pixel z-score costs: the model's RunningNorm against the textbook
-expression it replaced, inside the learner's step and an actor's forward.
+expressions it replaced, inside the learner's step, the learner's update of the
+statistics and an actor's forward.
 
     python benchmarks/pixel_norm_layout.py [--env doom_battle] [--rounds 6]
 
 The textbook `((x.float() - mean) * rsqrt(var + eps)).clamp(...)` gives the same
 numbers (tests/test_model.py checks every bit), but against channels-last frames
 its [C, H, W] statistics make the innermost loop stride across memory, and it
-makes four full-size tensors. For each precision the script times, in
-interleaved rounds on one thread, the learner's gradient step on a minibatch of
-the trainer's shape and an actor's forward on --forward_batch samples, with each
-version of the z-score, and prints the medians and the ratio (model / textbook).
+makes four full-size tensors; the update's moments likewise. For each precision
+the script times, in interleaved rounds on one thread, the learner's gradient
+step on a minibatch of the trainer's shape, its update of the statistics from
+that minibatch, and an actor's forward on --forward_batch samples, with each
+version, and prints the medians and the ratio (model / textbook).
 """
 from __future__ import annotations
 
@@ -30,12 +32,34 @@ from fastrl.config import parse_args  # noqa: E402
 from fastrl.learning.learner import gradient_step  # noqa: E402
 from fastrl.tuning.profiling import _fake_minibatch, _fake_obs  # noqa: E402
 
-MODEL_ZSCORE = model_module.RunningNorm.forward
+MODEL = {"forward": model_module.RunningNorm.forward, "update": model_module.RunningNorm.update}
 
 
 def textbook_zscore(self, x: torch.Tensor) -> torch.Tensor:
     z = (x.float() - self.mean) * torch.rsqrt(self.var + model_module.NORM_EPS)
     return z.clamp(-model_module.NORM_CLIP, model_module.NORM_CLIP)
+
+
+def textbook_moments(self, x: torch.Tensor, reduce=None) -> None:
+    """RunningNorm.update with the batch's moments taken as they were before the
+    statistics followed the frames' layout."""
+    x = x.reshape(-1, *self.mean.shape).double()
+    d = x - self.mean.double()
+    moments = torch.cat([d.new_full((1,), x.shape[0]), d.sum(dim=0).reshape(-1), d.square().sum(dim=0).reshape(-1)])
+    n = float(moments[0])
+    d_sum, d_sq = moments[1:].view(2, *self.mean.shape).unbind(0)
+    batch_mean = self.mean.double() + d_sum / n
+    batch_var = (d_sq / n - (d_sum / n).square()).clamp(min=0.0)
+    count = self.count.double()
+    total = count + n
+    delta = batch_mean - self.mean.double()
+    m2 = self.var.double() * count + batch_var * n + delta.square() * (count * n / total)
+    self.mean.copy_(self.mean.double() + delta * (n / total))
+    self.var.copy_(m2 / total)
+    self.count.copy_(total)
+
+
+TEXTBOOK = {"forward": textbook_zscore, "update": textbook_moments}
 
 
 def time_both(cfg, obs_space, action_space, precision: str, forward_batch: int, rounds: int) -> dict:
@@ -55,18 +79,23 @@ def time_both(cfg, obs_space, action_space, precision: str, forward_batch: int, 
         with torch.no_grad():
             actor.act(obs, rnn)
 
+    def update():
+        learner.update_normalizer({k: v[:-1] for k, v in mb["obs"].items()}, keep=mb["valid"].bool())
+
     times: dict = {}
     try:
         for round_ in range(rounds + 1):  # round 0 warms up, untimed
-            for version, zscore in (("textbook", textbook_zscore), ("model", MODEL_ZSCORE)):
-                model_module.RunningNorm.forward = zscore
-                for what, fn in (("step", step), ("forward", forward)):
+            for version, methods in (("textbook", TEXTBOOK), ("model", MODEL)):
+                for name, method in methods.items():
+                    setattr(model_module.RunningNorm, name, method)
+                for what, fn in (("step", step), ("forward", forward), ("update", update)):
                     start = time.perf_counter()
                     fn()
                     if round_:
                         times.setdefault((version, what), []).append(time.perf_counter() - start)
     finally:
-        model_module.RunningNorm.forward = MODEL_ZSCORE
+        for name, method in MODEL.items():
+            setattr(model_module.RunningNorm, name, method)
     return {key: statistics.median(values) for key, values in times.items()}
 
 
@@ -91,7 +120,7 @@ def main(argv=None) -> int:
     for precision in args.precisions:
         med = time_both(cfg, obs_space, action_space, precision, args.forward_batch, args.rounds)
         cells = []
-        for what, name in (("step", "learner step"), ("forward", "forward")):
+        for what, name in (("step", "learner step"), ("update", "statistics update"), ("forward", "forward")):
             old, new = med[("textbook", what)], med[("model", what)]
             cells.append(f"{name} textbook {old * 1e3:6.1f} ms, model {new * 1e3:6.1f} ms ({new / old:.2f}x)")
         print(f"{precision:>4}: " + "; ".join(cells), flush=True)
