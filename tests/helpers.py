@@ -13,6 +13,7 @@ import time
 
 import psutil
 import torch
+from fastrl.envs.doom._reaper import mapped_paths
 from fastrl.envs.registry import get_spec
 
 from fastrl.algo.model import build_model
@@ -130,7 +131,12 @@ class TrainRun:
             time.sleep(0.1)
 
     def new_shm_entries(self) -> set:
-        return shm_entries() - self.shm_before
+        """/dev/shm entries that appeared while the run ran and that no live process
+        maps: the run is over (leftover_processes says whether it left one), so an
+        entry still mapped is another program's, such as a training beside the tests
+        whose ViZDoom engines come and go."""
+        new = shm_entries() - self.shm_before
+        return new - {os.path.basename(p) for p in mapped_paths("/dev/shm/")} if new else new
 
     def kill_all(self) -> None:
         for pid in self.descendants | {self.proc.pid}:
