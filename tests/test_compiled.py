@@ -89,6 +89,7 @@ def test_a_compile_that_fails_leaves_the_step_eager_and_says_why(monkeypatch):
                    {"eager": 1.0, "compiled": 0.1})
     assert report["chosen"] == "eager" and "RuntimeError: no C++ compiler found" in report["why"]
     assert "evaluate" not in model.__dict__
+    assert describe_compile(report).startswith("the learner's step stays eager: compiling failed (RuntimeError: no C++")
 
 
 @pytest.mark.parametrize("mode, auto_compiles", [("off", True), ("auto", False)])

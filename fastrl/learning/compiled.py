@@ -173,6 +173,8 @@ class CompiledEvaluate:
     def _finish(self, chosen: str, why: str, eager: Optional[float] = None, compiled: Optional[float] = None) -> None:
         self.state = chosen
         self._use(chosen)
+        if chosen == "eager":
+            self._compiled = None  # and the compiled graphs with it
         self.report = {"chosen": chosen, "why": why, "eager_step_s": eager, "compiled_step_s": compiled,
                        "ratio": compiled / eager if eager and compiled else None,
                        "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2)}
@@ -180,12 +182,11 @@ class CompiledEvaluate:
 
 def describe_compile(report: dict) -> str:
     """The line a run prints once the choice is made."""
-    timed = ""
-    if report["eager_step_s"] and report["compiled_step_s"]:
-        timed = (f": {report['compiled_step_s'] * 1e3:,.0f} ms a step against eager's "
-                 f"{report['eager_step_s'] * 1e3:,.0f} ({report['ratio']:.2f}x)")
-    elif report["compiled_step_s"]:
-        timed = f": {report['compiled_step_s'] * 1e3:,.0f} ms a step"
     head = "the learner's step runs compiled" if report["chosen"] == "compiled" else "the learner's step stays eager"
-    return (f"{head}, {report['why']}{timed}; compiled in the background in {report['background_compile_s']:.1f} s, "
+    if report["compiled_step_s"] is None:  # the compile failed before any compiled step
+        return f"{head}: {report['why']}, after {report['background_compile_s']:.1f} s of compiling in the background"
+    timed = f"{report['compiled_step_s'] * 1e3:,.0f} ms a step"
+    if report["eager_step_s"]:
+        timed += f" against eager's {report['eager_step_s'] * 1e3:,.0f} ({report['ratio']:.2f}x)"
+    return (f"{head}, {report['why']}: {timed}; compiled in the background in {report['background_compile_s']:.1f} s, "
             f"then {report['switch_s']:.1f} s for the learner's first compiled call")
