@@ -178,7 +178,7 @@ def _laid_out_as(stat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     as x is (else stat itself). Against channels-last frames, statistics in [C, H, W]
     order make the innermost loop stride across memory: the z-score of a learner's
     batch of Doom frames took 40% of its step, 2x its time laid out alike (4x on an
-    actor's 32 frames; AMD EPYC, one thread), the update of the statistics 1.4x."""
+    actor's 32 frames; AMD EPYC, one thread), the update of the statistics up to 1.4x."""
     if x.dim() == 4 and stat.dim() == 3 and x.is_contiguous(memory_format=torch.channels_last):
         return stat.unsqueeze(0).contiguous(memory_format=torch.channels_last)
     return stat
