@@ -29,10 +29,9 @@ from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine lin
 from fastrl.envs.registry import get_spec  # noqa: E402
 
 from fastrl.algo import model as model_module  # noqa: E402
-from fastrl.algo.model import build_model  # noqa: E402
+from fastrl.algo.model import Precision  # noqa: E402
 from fastrl.config import parse_args  # noqa: E402
-from fastrl.learning.learner import gradient_step  # noqa: E402
-from fastrl.tuning.profiling import _fake_minibatch, _fake_obs, time_interleaved  # noqa: E402
+from fastrl.tuning.profiling import ModelBench, time_interleaved  # noqa: E402
 
 EAGER_GRU_STEP = model_module.gru_step
 
@@ -64,28 +63,11 @@ def with_compiled_gru(fn, compiled_step):
 
 def calls_for(cfg, obs_space, action_space, precision: str, part: str | None, forward_batch: int) -> dict:
     """{"train": one gradient step, "forward": one actor forward}, eager or with `part` compiled."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, obs_space, action_space, precision)
-    actor = build_model(cfg, obs_space, action_space, precision)
-    actor.load_state_dict(model.state_dict())
-    actor.eval()
+    bench = ModelBench(cfg, obs_space, action_space, [forward_batch], Precision(precision, precision, ""))
     if part is not None:
-        compile_part(model, part)
-        compile_part(actor, part)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-    mb = _fake_minibatch(cfg, model, obs_space, gen)
-    obs = _fake_obs(model, obs_space, (forward_batch,), gen)
-    rnn = torch.zeros(forward_batch, model.rnn_state_size)
-
-    def train():
-        gradient_step(cfg, model, optimizer, mb, mb["valid"])
-
-    def forward():
-        with torch.no_grad():
-            actor.act(obs, rnn)
-
-    calls = {"train": train, "forward": forward}
+        compile_part(bench.learner, part)
+        compile_part(bench.actor, part)
+    calls = {"train": bench.train, "forward": bench.forward_call(forward_batch)}
     if part == "gru":
         compiled_step = torch.compile(EAGER_GRU_STEP)
         calls = {name: with_compiled_gru(fn, compiled_step) for name, fn in calls.items()}

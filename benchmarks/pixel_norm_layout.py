@@ -28,9 +28,9 @@ from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine lin
 from fastrl.envs.registry import get_spec  # noqa: E402
 
 from fastrl.algo import model as model_module  # noqa: E402
+from fastrl.algo.model import Precision  # noqa: E402
 from fastrl.config import parse_args  # noqa: E402
-from fastrl.learning.learner import gradient_step  # noqa: E402
-from fastrl.tuning.profiling import _fake_minibatch, _fake_obs  # noqa: E402
+from fastrl.tuning.profiling import ModelBench  # noqa: E402
 
 MODEL = {"forward": model_module.RunningNorm.forward, "update": model_module.RunningNorm.update}
 
@@ -63,32 +63,21 @@ TEXTBOOK = {"forward": textbook_zscore, "update": textbook_moments}
 
 
 def time_both(cfg, obs_space, action_space, precision: str, forward_batch: int, rounds: int) -> dict:
-    """{(version, "step" | "forward"): median seconds}, the versions interleaved."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    learner = model_module.build_model(cfg, obs_space, action_space, precision)
-    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-    mb = _fake_minibatch(cfg, learner, obs_space, gen)
-    actor = model_module.build_model(cfg, obs_space, action_space, precision).eval()
-    obs = _fake_obs(actor, obs_space, (forward_batch,), gen)
-    rnn = torch.zeros(forward_batch, actor.rnn_state_size)
-
-    def step():
-        gradient_step(cfg, learner, optimizer, mb, mb["valid"])
-
-    def forward():
-        with torch.no_grad():
-            actor.act(obs, rnn)
+    """{(version, "step" | "forward" | "update"): median seconds}, the versions interleaved."""
+    bench = ModelBench(cfg, obs_space, action_space, [forward_batch], Precision(precision, precision, ""))
 
     def update():
-        learner.update_normalizer({k: v[:-1] for k, v in mb["obs"].items()}, keep=mb["valid"].bool())
+        obs = {k: v[:-1] for k, v in bench.minibatch["obs"].items()}
+        bench.learner.update_normalizer(obs, keep=bench.minibatch["valid"].bool())
 
+    calls = (("step", bench.train), ("forward", bench.forward_call(forward_batch)), ("update", update))
     times: dict = {}
     try:
         for round_ in range(rounds + 1):  # round 0 warms up, untimed
             for version, methods in (("textbook", TEXTBOOK), ("model", MODEL)):
                 for name, method in methods.items():
                     setattr(model_module.RunningNorm, name, method)
-                for what, fn in (("step", step), ("forward", forward), ("update", update)):
+                for what, fn in calls:
                     start = time.perf_counter()
                     fn()
                     if round_:

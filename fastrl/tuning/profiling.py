@@ -377,44 +377,59 @@ def time_interleaved(calls: dict, seconds: float, min_rounds: int = MIN_ROUNDS, 
             return Timed({key: statistics.median(ts) for key, ts in times.items()}, cut)
 
 
-def model_calls(cfg, obs_space, action_space, batch_sizes: Sequence[int], precision: Precision,
-                device: str = "cpu") -> tuple:
-    """The model of `cfg` on random data, ready to time: ({batch: one inference
-    forward at that size}, one learner gradient step on a minibatch of cfg's shape,
-    the samples that step trains on). The forwards run in precision.acting, the
-    step in precision.learning; seeded from cfg.seed, so two calls in different
-    precisions time the same weights on the same data."""
-    dev = torch.device(device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, obs_space, action_space, precision.learning).to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-    minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
-                 for k, v in _fake_minibatch(cfg, model, obs_space, gen).items()}
-    # The forwards run on their own copy, as an actor does: the training steps
-    # change the learner's weights every round, and a forward right after one would
-    # pay for re-deriving its cached bf16 weights, which an actor does once per
-    # parameter update, not once per forward.
-    actor = build_model(cfg, obs_space, action_space, precision.acting).to(dev)
-    actor.load_state_dict(model.state_dict())
-    actor.eval()
-    inputs = {b: ({k: v.to(dev) for k, v in _fake_obs(model, obs_space, (b,), gen).items()},
-                  torch.zeros(b, model.rnn_state_size, device=dev)) for b in batch_sizes}
-    model.train()
+class ModelBench:
+    """The model of `cfg` on random data, ready to time: a learner with its optimizer
+    and a minibatch of cfg's shape, and an actor (a copy of the learner's weights)
+    with one input per batch size. The actor computes in precision.acting, the
+    learner in precision.learning; seeded from cfg.seed, so two benches in
+    different precisions time the same weights on the same data. Benchmarks change
+    `learner` and `actor` in place (compile a part, swap a method) before timing."""
 
-    def forward(obs, rnn):
+    def __init__(self, cfg, obs_space, action_space, batch_sizes: Sequence[int], precision: Precision,
+                 device: str = "cpu"):
+        dev = torch.device(device)
+        self.cfg = cfg
+        self._sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.learner = build_model(cfg, obs_space, action_space, precision.learning).to(dev)
+        self.optimizer = torch.optim.Adam(self.learner.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
+                          for k, v in _fake_minibatch(cfg, self.learner, obs_space, gen).items()}
+        # The forwards run on their own copy, as an actor does: the training steps
+        # change the learner's weights every round, and a forward right after one would
+        # pay for re-deriving its cached bf16 weights, which an actor does once per
+        # parameter update, not once per forward.
+        self.actor = build_model(cfg, obs_space, action_space, precision.acting).to(dev)
+        self.actor.load_state_dict(self.learner.state_dict())
+        self.actor.eval()
+        self.inputs = {b: ({k: v.to(dev) for k, v in _fake_obs(self.learner, obs_space, (b,), gen).items()},
+                           torch.zeros(b, self.learner.rnn_state_size, device=dev)) for b in batch_sizes}
+        self.learner.train()
+
+    def forward_call(self, batch: int) -> Callable[[], None]:
+        """One inference forward of the actor at `batch` samples."""
+        obs, rnn = self.inputs[batch]
+
         def call():
             with torch.no_grad():
-                actor.act(obs, rnn)
-            sync()
+                self.actor.act(obs, rnn)
+            self._sync()
         return call
 
-    def train():
-        gradient_step(cfg, model, optimizer, minibatch, minibatch["valid"])
-        sync()
+    def train(self) -> None:
+        """One learner gradient step on the minibatch."""
+        gradient_step(self.cfg, self.learner, self.optimizer, self.minibatch, self.minibatch["valid"])
+        self._sync()
 
-    return {b: forward(obs, rnn) for b, (obs, rnn) in inputs.items()}, train, minibatch["rewards"].numel()
+
+def model_calls(cfg, obs_space, action_space, batch_sizes: Sequence[int], precision: Precision,
+                device: str = "cpu") -> tuple:
+    """A ModelBench's calls: ({batch: one inference forward at that size}, one learner
+    gradient step, the samples that step trains on)."""
+    bench = ModelBench(cfg, obs_space, action_space, batch_sizes, precision, device)
+    return ({b: bench.forward_call(b) for b in batch_sizes}, bench.train,
+            bench.minibatch["rewards"].numel())
 
 
 def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
