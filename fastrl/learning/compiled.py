@@ -55,8 +55,8 @@ class CompiledEvaluate:
     """Switches `model.evaluate` between eager and compiled as the steps go.
 
     The learner calls `before_step(mb)` and `after_step(seconds)` around every
-    gradient step; `report` is set once the choice is made (a dict for the run's
-    summary), and `take_report()` hands it over once."""
+    gradient step; `take_report()` hands over, once, the report of the choice (a
+    dict for the run's summary) when it has been made."""
 
     def __init__(self, model: torch.nn.Module, mode: str, uniform_kl: bool, auto_compiles: bool):
         """uniform_kl: what the loss passes evaluate. auto_compiles: whether `auto`
@@ -65,8 +65,7 @@ class CompiledEvaluate:
             raise ValueError(f"compile mode must be one of {MODES}, not {mode!r}")
         self.model, self.mode, self.uniform_kl = model, mode, uniform_kl
         self.state = "eager" if mode == "off" or (mode == "auto" and not auto_compiles) else "start"
-        self.report: Optional[dict] = None
-        self._reported = False
+        self._report: Optional[dict] = None  # made by _finish, until take_report hands it over
         self._warm: Optional[threading.Thread] = None
         self._warm_s = 0.0
         self._warm_error: Optional[str] = None
@@ -96,10 +95,8 @@ class CompiledEvaluate:
             self._decide()
 
     def take_report(self) -> Optional[dict]:
-        if self.report is None or self._reported:
-            return None
-        self._reported = True
-        return self.report
+        report, self._report = self._report, None
+        return report
 
     # -- stages -------------------------------------------------------------------------
     def _start_warm(self, mb: dict) -> None:
@@ -175,9 +172,9 @@ class CompiledEvaluate:
         self._use(chosen)
         if chosen == "eager":
             self._compiled = None  # and the compiled graphs with it
-        self.report = {"chosen": chosen, "why": why, "eager_step_s": eager, "compiled_step_s": compiled,
-                       "ratio": compiled / eager if eager and compiled else None,
-                       "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2)}
+        self._report = {"chosen": chosen, "why": why, "eager_step_s": eager, "compiled_step_s": compiled,
+                        "ratio": compiled / eager if eager and compiled else None,
+                        "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2)}
 
 
 def describe_compile(report: dict) -> str:
