@@ -184,6 +184,22 @@ def print_table(env: str, samples: list) -> None:
               f"{s['shm_mapped_mb']:>8.1f} {s['shm_new_entries']:>13d}")
 
 
+def print_verdict(verdict: dict) -> str:
+    """Print each check of a judge() verdict; the verdict in a word or two."""
+    for name, c in verdict.get("checks", {}).items():
+        if "growth_mb" in c:
+            print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: "
+                  f"USS {c['uss_mb_from']:.1f} -> {c['uss_mb_to']:.1f} MB "
+                  f"(growth {c['growth_mb']:+.1f}, allowed {c['allowed_mb']:.1f}; RSS {c['rss_mb_from']:.1f} -> "
+                  f"{c['rss_mb_to']:.1f})")
+        else:
+            print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: {c['objects_from']} -> {c['objects_to']} objects, "
+                  f"{c['mb_from']:.2f} -> {c['mb_to']:.2f} MB")
+    if verdict.get("groups_at_one_end_only"):
+        print(f"  GROWS? processes present at one end only: {', '.join(verdict['groups_at_one_end_only'])}")
+    return "FLAT" if verdict["flat"] else "NOT FLAT" if verdict["flat"] is False else "NO VERDICT"
+
+
 def soak(env: str, args, extra: list, out_dir: str) -> dict:
     duration = args.minutes * 60.0
     warmup = args.warmup_minutes * 60.0
@@ -233,18 +249,7 @@ def soak(env: str, args, extra: list, out_dir: str) -> dict:
     leaked = sorted(set(shm_dir()) - shm_before)
     print_table(env, samples)
     verdict = judge(samples, warmup, args.max_growth_pct, args.max_growth_mb)
-    for name, c in verdict.get("checks", {}).items():
-        if "growth_mb" in c:
-            print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: "
-                  f"USS {c['uss_mb_from']:.1f} -> {c['uss_mb_to']:.1f} MB "
-                  f"(growth {c['growth_mb']:+.1f}, allowed {c['allowed_mb']:.1f}; RSS {c['rss_mb_from']:.1f} -> "
-                  f"{c['rss_mb_to']:.1f})")
-        else:
-            print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: {c['objects_from']} -> {c['objects_to']} objects, "
-                  f"{c['mb_from']:.2f} -> {c['mb_to']:.2f} MB")
-    if verdict.get("groups_at_one_end_only"):
-        print(f"  GROWS? processes present at one end only: {', '.join(verdict['groups_at_one_end_only'])}")
-    judged = "FLAT" if verdict["flat"] else "NOT FLAT" if verdict["flat"] is False else "NO VERDICT"
+    judged = print_verdict(verdict)
     span = "from %.1f to %.1f min" % (verdict.get("from_seconds", 0) / 60, verdict.get("to_seconds", 0) / 60)
     print(f"{env}: exit code {code}; {judged} after warm-up ({verdict.get('why', span)});"
           f" {len(left)} processes left behind, {len(leaked)} new /dev/shm entries after exit"
@@ -261,12 +266,9 @@ def rejudge(args) -> int:
     ok = True
     for run in report["runs"]:
         verdict = judge(run["samples"], args.warmup_minutes * 60.0, args.max_growth_pct, args.max_growth_mb)
-        for name, c in verdict.get("checks", {}).items():
-            if "growth_mb" in c:
-                print(f"  {'flat ' if c['flat'] else 'GROWS'} {name}: USS {c['uss_mb_from']:.1f} -> "
-                      f"{c['uss_mb_to']:.1f} MB (growth {c['growth_mb']:+.1f}, allowed {c['allowed_mb']:.1f})")
-        print(f"{run['env']}: {'FLAT' if verdict['flat'] else 'NOT FLAT'} after warm-up, each end the median of "
-              f"{verdict.get('medians_of_samples')} samples")
+        judged = print_verdict(verdict)
+        how = verdict.get("why") or f"each end the median of {verdict.get('medians_of_samples')} samples"
+        print(f"{run['env']}: {judged} after warm-up ({how})")
         ok = ok and bool(verdict["flat"])
     return 0 if ok else 1
 
