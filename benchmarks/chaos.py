@@ -71,6 +71,7 @@ import time
 from typing import Optional
 
 import psutil
+from fastrl.envs.doom._reaper import mapped_paths
 
 from fastrl.tuning.profiling import cpu_model
 
@@ -271,14 +272,7 @@ def new_shm_of(run: TrainRun) -> list:
 
 def shm_mapped_by_anyone() -> set:
     """Names of the /dev/shm entries some live process maps."""
-    names = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                names.update(line.split("/dev/shm/", 1)[1].split()[0] for line in fh if "/dev/shm/" in line)
-        except OSError:
-            pass
-    return names
+    return {os.path.basename(path) for path in mapped_paths("/dev/shm/")}
 
 
 # -- faults -----------------------------------------------------------------------------
