@@ -23,7 +23,13 @@ EV_NEGATIVE_REPORTS = 6
 
 
 class DriftWatch:
-    def __init__(self):
+    def __init__(self, exploration_loss: str = "entropy"):
+        # Under the KL-to-uniform term a low entropy is where the term balances the
+        # return, not a fall it cannot pull back from: its pull on a dying action's
+        # logit stays at least 1/n (tests/test_distributions.py), and a solved task
+        # like doom_basic sits at 0.02-0.13 nats for a whole run. So the collapse is
+        # worth a warning only under the entropy bonus, whose pull fades with p.
+        self._watch_entropy = exploration_loss == "entropy"
         self._entropy_peak = -math.inf
         self._ev_negative_for = 0
         self._active: set = set()
@@ -32,7 +38,7 @@ class DriftWatch:
         """New warnings for the learner's latest stats (empty when nothing started)."""
         now = {}
         entropy = metrics.get("entropy")
-        if entropy is not None and math.isfinite(entropy):
+        if self._watch_entropy and entropy is not None and math.isfinite(entropy):
             self._entropy_peak = max(self._entropy_peak, entropy)
             if self._entropy_peak > 0 and entropy < ENTROPY_COLLAPSE_FRACTION * self._entropy_peak:
                 now["entropy"] = (

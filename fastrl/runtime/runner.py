@@ -329,7 +329,7 @@ class Runner:
         # winds down still move the mean the summary reports at exit.
         self.reached_reward_mean: Optional[float] = None
         self.metrics: dict = {}
-        self.drift = DriftWatch()
+        self.drift = DriftWatch(cfg.exploration_loss)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}  # worker index -> its current process
