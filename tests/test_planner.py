@@ -298,3 +298,42 @@ def test_the_env_is_timed_on_one_core_only_when_workers_are_pinned():
     assert inside == {min(before)} and os.sched_getaffinity(0) == before
     with on_one_core(False):
         assert os.sched_getaffinity(0) == before
+
+
+def test_the_plan_takes_the_learners_compiled_cost_once_a_run_of_the_setup_measured_it(tmp_path, monkeypatch, capsys):
+    # A profile times the learner eagerly; a run whose learner then compiled
+    # remembers the ratio it measured, and the next plan of that setup (same
+    # machine, model, precision) takes it, so it sizes production for that learner.
+    import gymnasium
+
+    from fastrl.algo.model import Precision
+    from fastrl.runtime import runner
+    from fastrl.tuning import compiled_costs, profiling
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    eager = Costs(cores=2, env_s=20e-6, forward_s=CHEAP_MODEL, train_s={1: 1e-3})
+    monkeypatch.setattr(profiling, "cached_costs", lambda *args: (eager, True, False))
+    images = type("Env", (), {"observation_space": gymnasium.spaces.Box(0, 255, (3, 36, 64), "uint8")})()
+    setup = cfg(use_rnn=True, device="cpu")
+    fp32 = Precision("fp32", "fp32", "test")
+
+    def consumption(c=setup, precision=fp32):
+        return runner.make_plan(c, set(), images, resuming=False, precision=precision).predicted[
+            "consumption_steps_per_s"]
+
+    before = consumption()
+    compiled_costs.remember(setup, "fp32", {"chosen": "compiled", "why": "faster", "eager_step_s": 1.0,
+                                            "compiled_step_s": 0.5, "ratio": 0.5})
+    assert consumption() == pytest.approx(2 * before)
+    assert "planning for the learner's step at 0.50x of its eager cost" in capsys.readouterr().out
+    # Not for another arithmetic, nor for a learner that will not compile.
+    assert consumption(precision=Precision("bf16", "bf16", "test")) == pytest.approx(before)
+    assert consumption(dataclasses.replace(setup, compile_learner="off")) == pytest.approx(before)
+    # A run whose compile was slower, or failed, stayed eager: so will the next.
+    compiled_costs.remember(setup, "fp32", {"chosen": "eager", "why": "not faster", "eager_step_s": 1.0,
+                                            "compiled_step_s": 0.98, "ratio": 0.98})
+    assert consumption() == pytest.approx(before)
+    compiled_costs.remember(setup, "fp32", {"chosen": "compiled", "ratio": 0.5, "compiled_step_s": 0.5})
+    compiled_costs.remember(setup, "fp32", {"chosen": "eager", "why": "compiling failed", "eager_step_s": None,
+                                            "compiled_step_s": None, "ratio": None})
+    assert consumption() == pytest.approx(before)

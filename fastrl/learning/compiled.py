@@ -46,6 +46,16 @@ MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 
 
+def auto_compiles(images: bool, use_rnn: bool, device_type: str) -> bool:
+    """Whether `auto` tries the compile for this model and device."""
+    return images and use_rnn and device_type == "cpu"
+
+
+def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bool:
+    """Whether a learner in `mode` tries the compile at all."""
+    return mode == "on" or (mode == "auto" and auto_compiles(images, use_rnn, device_type))
+
+
 def _short(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
@@ -60,7 +70,7 @@ class CompiledEvaluate:
 
     def __init__(self, model: torch.nn.Module, mode: str, uniform_kl: bool, auto_compiles: bool):
         """uniform_kl: what the loss passes evaluate. auto_compiles: whether `auto`
-        tries the compile (an image model with a GRU, on a CPU)."""
+        tries the compile (the function of that name)."""
         if mode not in MODES:
             raise ValueError(f"compile mode must be one of {MODES}, not {mode!r}")
         self.model, self.mode, self.uniform_kl = model, mode, uniform_kl

@@ -20,7 +20,7 @@ import torch
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from fastrl.learning.compiled import CompiledEvaluate
+from fastrl.learning.compiled import CompiledEvaluate, auto_compiles
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
@@ -58,8 +58,7 @@ class Learner:
         self.model.to(self.device).train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
-                                         auto_compiles=has_images(ctx.obs_space) and cfg.use_rnn
-                                         and self.device.type == "cpu")
+                                         auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
         self.version = ctx.params.version
         self.samples_trained = 0
         if resume_path:

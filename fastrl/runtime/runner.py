@@ -30,7 +30,15 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
 from fastrl.algo.distributions import ActionSpec
-from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, obs_layout, resolve_device
+from fastrl.algo.model import (
+    Precision,
+    build_model,
+    flat_state,
+    flat_state_size,
+    has_images,
+    obs_layout,
+    resolve_device,
+)
 from fastrl.config import (
     EARLIER_DEFAULTS,
     Config,
@@ -67,7 +75,7 @@ from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
 from fastrl.sampling.policy_worker import policy_worker_main
 from fastrl.sampling.rollout_worker import rollout_worker_main
-from fastrl.tuning import planner, profiling
+from fastrl.tuning import compiled_costs, planner, profiling
 from fastrl.tuning.adapt import ThreadAdapter
 from fastrl.tuning.precision import decide_precision
 
@@ -189,6 +197,13 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
     if capped and announce:
         print(f"fastrl: the planner's profile hit its {PROFILE_CAP_S:.0f}-s cap: its numbers were taken under load "
               "(a busy machine), so the plan may fit a quiet one less well; it is not cached", flush=True)
+    ratio = compiled_costs.remembered_ratio(cfg, precision.learning, has_images(env.observation_space),
+                                            torch.device(resolve_device(cfg)).type)
+    if ratio is not None:
+        costs = compiled_costs.at_ratio(costs, ratio)
+        if announce:
+            print(f"fastrl: planning for the learner's step at {ratio:.2f}x of its eager cost, as an earlier run "
+                  "of this setup on this machine measured it once compiled", flush=True)
     try:
         return planner.choose(costs, cfg, explicit)
     except ValueError as err:
@@ -490,6 +505,8 @@ class Runner:
                 self.metrics.update(m)
                 if COMPILE_KEY in m:
                     self.say(describe_compile(m[COMPILE_KEY]))
+                    if self.rank.main:
+                        compiled_costs.remember(self.cfg, self.precision.learning, m[COMPILE_KEY])
         except queue.Empty:
             pass
         try:

@@ -1,0 +1,65 @@
+"""What the planner knows of the learner's compiled step.
+
+The start-up profile times the learner eagerly: compiling takes tens of seconds,
+far past the profile's budget of a few. But a learner that compiles (see
+fastrl/learning/compiled.py) runs most of a long run at a fraction of that cost,
+and a plan sized for the eager learner then starves it: doom_defend_the_center
+planned 1 rollout worker x 16 envs, learner-bound by 0.4% at eager costs, and its
+learner then ran at 0.71x of them with the one worker as the bottleneck, where
+2 x 32 was predicted 14% faster at the compiled cost (benchmarks/README.md,
+sixteenth session).
+
+So every run that decides its compile remembers the ratio it measured (1.0 when
+the step stayed eager), per machine and setup as the profile is, and the next
+run's plan takes the learner's costs at that ratio. A setup's first run on a
+machine plans from eager costs, as before.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional
+
+from fastrl.learning.compiled import will_compile
+from fastrl.tuning.profiling import MODEL_OPTIONS, cache_path, write_cache
+
+# Everything that shapes the learner's step: the model, the observations (env and
+# its options), the minibatch, and the arithmetic.
+SETUP_OPTIONS = (*MODEL_OPTIONS, "env", "doom_measurements", "doom_hud", "doom_scenario", "batch_size",
+                 "num_minibatches", "exploration_loss", "compile_learner")
+
+
+def _path(cfg, learning_precision: str) -> str:
+    return cache_path({"learner_compile": {k: getattr(cfg, k) for k in SETUP_OPTIONS},
+                       "precision": learning_precision})
+
+
+def remember(cfg, learning_precision: str, report: dict) -> None:
+    """Keep the ratio of the step the learner runs to eager's, from its compile
+    report (fastrl.learning.compiled), for the next run of this setup. A report
+    with nothing timed both ways (a failed compile, `on`) says nothing of it."""
+    if report.get("chosen") == "eager" and report.get("compiled_step_s") is None:
+        ratio = 1.0  # the compile failed: the next run's learner will be eager too
+    elif report.get("ratio") is None:
+        return
+    else:
+        ratio = report["ratio"] if report["chosen"] == "compiled" else 1.0
+    write_cache(_path(cfg, learning_precision), {"ratio": ratio})
+
+
+def remembered_ratio(cfg, learning_precision: str, images: bool, device_type: str) -> Optional[float]:
+    """The learner's step time over eager's that a run of this setup on this
+    machine measured, or None: not measured yet, or a learner that will not compile."""
+    if not will_compile(cfg.compile_learner, images, cfg.use_rnn, device_type):
+        return None
+    try:
+        with open(_path(cfg, learning_precision)) as fh:
+            ratio = float(json.load(fh)["ratio"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return ratio if 0 < ratio <= 1 else None
+
+
+def at_ratio(costs, ratio: float):
+    """The planner's Costs with the learner's step at `ratio` of the profiled one."""
+    return dataclasses.replace(costs, train_s={t: s * ratio for t, s in costs.train_s.items()})
