@@ -6,8 +6,8 @@ fastrl/learning/compiled.py) runs most of a long run at a fraction of that cost,
 and a plan sized for the eager learner then starves it: doom_defend_the_center
 planned 1 rollout worker x 16 envs, learner-bound by 0.4% at eager costs, and its
 learner then ran at 0.71x of them with the one worker as the bottleneck, where
-2 x 32 was predicted 14% faster at the compiled cost (benchmarks/README.md,
-sixteenth session).
+2 x 32 envs was predicted 1.23x faster at the compiled cost
+(benchmarks/README.md, sixteenth session).
 
 So every run that decides its compile remembers the ratio it measured (1.0 when
 the step stayed eager), per machine and setup as the profile is, and the next
