@@ -18,6 +18,11 @@ With sample or train, env and infer take half their window before those runs and
 half after, and report the mean costs, so that a machine whose speed drifts is
 compared with itself.
 
+Where the learner compiles its step (--compile_learner), the train run's warm-up
+lasts until it has chosen compiled or eager, and the compute-bound limit takes the
+learner's cost at the ratio that run timed: both describe the step the trainer
+keeps, not the compile.
+
 The report gives each mode's env frames/s (agent steps x frameskip) and agent
 steps/s, the ratios to the two limits, and for the trainer where the time goes:
 samples produced/received/trained per second, each component's busy, waiting and
@@ -40,8 +45,9 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from fastrl.algo.model import Precision, resolve_device
+from fastrl.algo.model import Precision, has_images, resolve_device
 from fastrl.config import Config, ConfigError, build_parser, parse_args
+from fastrl.learning.compiled import COMPILE_KEY, describe_compile, will_compile
 from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.proc import usable_cores
 from fastrl.plumbing.stats_board import FIELDS
@@ -62,6 +68,9 @@ NEVER_S = 1e9  # "not within a bench run": periodic checkpoints and status lines
 # every EDGE_SNAPSHOT_S, and between batches every FALLBACK_SNAPSHOT_S.
 EDGE_SNAPSHOT_S, FALLBACK_SNAPSHOT_S = 0.5, 1.0
 STARTUP_S = 300.0  # how long a sample/train run may take to start flowing (many Doom games start slowly)
+# How long a train run's warm-up may wait for a compiling learner to settle on its
+# step (a cold compile took 22-58 s of background time on 2 cores, Doom models).
+COMPILE_WAIT_S = 120.0
 
 
 class BenchError(RuntimeError):
@@ -181,8 +190,14 @@ class _Window:
     of every learner batch is kept too, as the board holds only the last batch's.
     """
 
-    def __init__(self, warmup: float, seconds: float, progress: _Progress):
+    def __init__(self, warmup: float, seconds: float, progress: _Progress, awaits_compile: bool = False):
+        """awaits_compile: the run's learner compiles its step; the warm-up then lasts
+        until it has chosen compiled or eager (at most COMPILE_WAIT_S), so that the
+        window times the step the run keeps, not a mix of both and the compile."""
         self.warmup, self.seconds, self.progress = warmup, seconds, progress
+        self.awaits_compile = awaits_compile
+        self.compile_waited_s = 0.0  # the warm-up's time past --warmup spent waiting for it
+        self.window_from = None
         self.flowing_at = None
         self.first = self.last = None  # polls after the warm-up
         self.start = self.end = None  # polls just after the consumer took a batch
@@ -198,17 +213,26 @@ class _Window:
             if not (started and board.get("learner", "samples_received") > 0):
                 return
             self.flowing_at = elapsed
-            # The run's stop condition, moved to the end of the window now that it is known.
-            runner.cfg.train_for_seconds = elapsed + self.warmup + self.seconds
-        self.progress.at(elapsed - self.flowing_at)
+            # The run's stop condition, moved to the end of the window once it is known.
+            runner.cfg.train_for_seconds = elapsed + self.warmup + self.seconds + (
+                COMPILE_WAIT_S if self.awaits_compile else 0.0)
         received, version = board.get("learner", "samples_received"), board.get("learner", "learner_steps")
         took_batch, self._received = received != self._received, received
         if version != self._version and self.first is not None:
             lag = tuple(board.get("learner", f) for f in ("lag_min", "lag_mean", "lag_p90", "lag_max"))
             self.lags.append((elapsed, lag))
         self._version = version
-        if elapsed < self.flowing_at + self.warmup:
-            return
+        if self.window_from is None:
+            self.progress.at(min(elapsed - self.flowing_at, self.warmup))
+            warm = elapsed >= self.flowing_at + self.warmup
+            if warm and self.awaits_compile and COMPILE_KEY not in runner.metrics:
+                warm = elapsed >= self.flowing_at + COMPILE_WAIT_S
+            if not warm:
+                return
+            self.window_from = elapsed
+            self.compile_waited_s = elapsed - self.flowing_at - self.warmup
+            runner.cfg.train_for_seconds = elapsed + self.seconds
+        self.progress.at(self.warmup + elapsed - self.window_from)
         # A snapshot reads every run process's CPU time and lists its children, which
         # psutil does by reading /proc for every process on the machine: with 64
         # ViZDoom engines, at every 50-ms poll, that took a tenth of the cores from the
@@ -307,7 +331,9 @@ def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, prog
     from fastrl.runtime.runner import Runner  # the runner pulls in every process module; env/infer modes do not need it
 
     runner = Runner(cfg, learn=learn)
-    window = _Window(warmup, seconds, progress)
+    compiles = learn and will_compile(cfg.compile_learner, has_images(runner.obs_space), cfg.use_rnn,
+                                      torch.device(runner.device).type)
+    window = _Window(warmup, seconds, progress, awaits_compile=compiles)
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the runner's own status lines would break the bar and the table
         code = runner.run(observer=window)
@@ -317,7 +343,11 @@ def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, prog
     if window.edges() is None:
         raise BenchError(f"the {mode} run never started flowing within {STARTUP_S:.0f} s, so nothing was measured:\n"
                          f"{log.getvalue().rstrip()}")
-    return _rate_report(window, learn)
+    result = _rate_report(window, learn)
+    if compiles:
+        result["learner_compile"] = runner.metrics.get(COMPILE_KEY)
+        result["compile_waited_s"] = window.compile_waited_s
+    return result
 
 
 def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: float) -> dict:
@@ -407,11 +437,30 @@ def _report_limits(results: dict, measured: list, cfg: Config) -> None:
         results["infer"] = {**model.to_dict(), "forward_batch": batch,
                             "learner_core_s_per_sample": model.learner_core_s()}
         if env:
-            bound = compute_bound_limit(env, model, batch, cores)
+            # The limit of the learner the train run kept: its compiled step, where it
+            # chose that, is this eager measurement at the ratio the run timed.
+            ratio = _compiled_ratio(results.get("train", {}))
+
+            def learner_kept(m):
+                return m if ratio is None else dataclasses.replace(
+                    m, train_s_per_sample={t: s * ratio for t, s in m.train_s_per_sample.items()})
+
+            bound = compute_bound_limit(env, learner_kept(model), batch, cores)
+            if ratio is not None:
+                bound["learn_compiled_ratio"] = ratio
             if len(measured) == 2:
                 bound["before_and_after_steps_per_s"] = [
-                    compute_bound_limit(*half, batch, cores)["steps_per_s"] for half in measured]
+                    compute_bound_limit(e, learner_kept(m), batch, cores)["steps_per_s"] for e, m in measured]
             results["infer"]["compute_bound"] = bound
+
+
+def _compiled_ratio(train: dict):
+    """The train run's compiled step time over its eager one, where it kept the
+    compiled step and timed both; else None."""
+    report = train.get("learner_compile")
+    if report and report["chosen"] == "compiled" and report.get("ratio"):
+        return report["ratio"]
+    return None
 
 
 def _ratios(results: dict) -> dict:
@@ -513,6 +562,9 @@ def _compute_lines(infer: dict) -> list:
         c = b["core_s_per_step"]
         out.append(f"  compute-bound limit = {b['cores']} cores / (env {_us(c['env'])} + forward {_us(c['forward'])}"
                    f" + learn {_us(c['learn'])} per agent step, in core time) = {b['steps_per_s']:,.0f} steps/s")
+        if "learn_compiled_ratio" in b:
+            out.append(f"  (learn: the eager step timed here x {b['learn_compiled_ratio']:.2f}, the train run's "
+                       "compiled step over its eager one)")
         if "before_and_after_steps_per_s" in b:
             before, after = b["before_and_after_steps_per_s"]
             out.append(f"  (each cost: the mean of half a window before the runs, where the limit read {before:,.0f}"
@@ -549,6 +601,14 @@ def _time_lines(mode: str, res: dict, cfg: Config, cores: int) -> list:
     if "env_restarts" in res:
         out.append(f"  warning: envs raised and were restarted {res['env_restarts']:.0f} times in the window;"
                    " these rates include the failures.")
+    if "learner_compile" in res:
+        report, waited = res["learner_compile"], res["compile_waited_s"]
+        if report is None:
+            out.append(f"  learner: its compile was not decided within {COMPILE_WAIT_S:.0f} s of the run's start, so"
+                       " the window mixes eager and compiled steps")
+        else:
+            out.append(f"  learner: {describe_compile(report)}" + (
+                f"; the window began {waited:.0f} s after the warm-up, once that was chosen" if waited > 0 else ""))
     out.append(f"  bottleneck: {res['bottleneck']}")
     return out
 

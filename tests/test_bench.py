@@ -151,6 +151,64 @@ def test_the_window_reads_the_runs_cpu_at_batches_and_seldom_between(monkeypatch
         assert t0 <= 1.0 + batch_every_s + 0.05 and t1 >= 11.0 - batch_every_s - EDGE_GAP, (t0, t1)
 
 
+def _poll_until_stopped(window, runner, board, report_at=None, report=None):
+    poll = 0
+    while poll == 0 or board.now < runner.cfg.train_for_seconds:
+        board.now = poll * 0.05
+        if report_at is not None and board.now >= report_at:
+            runner.metrics[bench.COMPILE_KEY] = report
+        window(runner, board.now)
+        poll += 1
+
+
+def test_a_compiling_learners_window_begins_once_it_chose_its_step(monkeypatch):
+    # A window that opened while the learner compiled would time eager steps, the
+    # switch and compiled ones together; the warm-up waits for the choice instead.
+    monkeypatch.setattr(bench, "_cpu_seconds", lambda runner: ({}, 0.0))
+    board = _Board(0.3)
+    runner = types.SimpleNamespace(ctx=types.SimpleNamespace(board=board), cfg=types.SimpleNamespace(), metrics={})
+    window = bench._Window(warmup=1.0, seconds=4.0, progress=types.SimpleNamespace(at=lambda e: None),
+                           awaits_compile=True)
+    _poll_until_stopped(window, runner, board, report_at=7.0, report={"chosen": "compiled"})
+    (t0, *_), (t1, *_) = window.edges()
+    assert 7.0 <= t0 <= 7.0 + 0.3 + 0.05 and t1 >= 11.0 - 0.3 - EDGE_GAP, (t0, t1)
+    assert window.compile_waited_s == pytest.approx(6.0, abs=0.06)
+    assert runner.cfg.train_for_seconds == pytest.approx(11.0, abs=0.06)  # the window's end, not the wait's cap
+
+
+def test_a_compile_that_never_settles_opens_the_window_at_the_cap(monkeypatch):
+    monkeypatch.setattr(bench, "_cpu_seconds", lambda runner: ({}, 0.0))
+    monkeypatch.setattr(bench, "COMPILE_WAIT_S", 3.0)
+    board = _Board(0.3)
+    runner = types.SimpleNamespace(ctx=types.SimpleNamespace(board=board), cfg=types.SimpleNamespace(), metrics={})
+    window = bench._Window(warmup=1.0, seconds=2.0, progress=types.SimpleNamespace(at=lambda e: None),
+                           awaits_compile=True)
+    _poll_until_stopped(window, runner, board)
+    (t0, *_), _ = window.edges()
+    assert 3.0 <= t0 <= 3.0 + 0.3 + 0.05 and window.compile_waited_s == pytest.approx(2.0, abs=0.06)
+
+
+@pytest.mark.parametrize("report, ratio", [
+    ({"chosen": "compiled", "ratio": 0.5}, 0.5),
+    ({"chosen": "eager", "ratio": 0.97}, None),  # timed, not faster: the run trained eagerly
+    ({"chosen": "compiled", "ratio": None}, None),  # --compile_learner on: never timed against eager
+    (None, None),  # a learner that does not compile
+])
+def test_the_limit_is_that_of_the_learner_step_the_train_run_kept(report, ratio):
+    env = EnvProfile(env="x", num_procs=2, envs_per_proc=8, frameskip=4, window_s=1.0, steps_per_s=2e5,
+                     frames_per_s=8e5, seconds_per_step=10e-6, seconds_per_frame=2.5e-6)
+    model = ModelProfile(device="cpu", threads=[1], forward_batch_sizes=[8], forward_s_per_sample={1: {8: 6e-6}},
+                         train_minibatch=256, ppo_epochs=1, train_s_per_sample={1: 20e-6})
+    results = {"train": {} if report is None else {"learner_compile": report}}
+    bench._report_limits(results, [(env, model), (env, model)], Config(env="x", num_envs_per_worker=8))
+    bound = results["infer"]["compute_bound"]
+    learn = 20e-6 * (ratio or 1.0)
+    assert bound["core_s_per_step"]["learn"] == pytest.approx(learn)
+    assert bound["before_and_after_steps_per_s"] == pytest.approx([2 / (16e-6 + learn)] * 2)
+    assert bound.get("learn_compiled_ratio") == ratio
+    assert results["infer"]["learner_core_s_per_sample"] == pytest.approx(20e-6)  # the eager measurement itself
+
+
 def test_unknown_env_is_one_sentence_and_exit_2(tmp_path):
     run = TrainRun(["--env", "NoSuchEnv-v9", "--mode", "env"], module="fastrl.bench")
     assert run.wait(timeout=60) == 2, run.output()

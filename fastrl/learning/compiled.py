@@ -41,6 +41,8 @@ import torch
 # than the steps win back; a vector model's step takes a few ms. On a GPU it has
 # not been measured yet.
 MODES = ("auto", "on", "off")
+# The metrics message in which the learner reports the choice (describe_compile's input).
+COMPILE_KEY = "learner_compile"
 TIMED_STEPS = 3  # real steps timed each way before `auto` decides
 MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")

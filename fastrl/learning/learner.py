@@ -20,7 +20,7 @@ import torch
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from fastrl.learning.compiled import CompiledEvaluate, auto_compiles
+from fastrl.learning.compiled import COMPILE_KEY, CompiledEvaluate, auto_compiles
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
@@ -31,8 +31,6 @@ from fastrl.plumbing.timeline import mark
 QUEUE_TIMEOUT_S = 0.1
 # The metrics message that carries every rank's final weights digest to the runner.
 WEIGHTS_KEY = "weights_sha256_by_rank"
-# The metrics message that says whether the learner's step runs compiled, and why.
-COMPILE_KEY = "learner_compile"
 METRICS_EVERY_S = 1.0
 MAX_NONFINITE_IN_A_ROW = 20
 

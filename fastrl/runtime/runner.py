@@ -55,10 +55,10 @@ from fastrl.learning.checkpoint import (
     checkpoint_dir,
     load_latest_checkpoint,
 )
-from fastrl.learning.compiled import describe_compile
+from fastrl.learning.compiled import COMPILE_KEY, describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import COMPILE_KEY, WEIGHTS_KEY, learner_main
+from fastrl.learning.learner import WEIGHTS_KEY, learner_main
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
