@@ -25,7 +25,8 @@ setup(
     # trainer) but installs inside fastrl's namespace: a top-level "envs" package
     # would clash with any other project's of that name.
     package_dir={"fastrl.envs": "envs"},
-    package_data={"fastrl.envs.doom": ["scenarios/*"]},
+    # caching_allocator.cpp is built on the user's machine, at first use (fastrl/plumbing/caching_allocator.py).
+    package_data={"fastrl.envs.doom": ["scenarios/*"], "fastrl.plumbing": ["caching_allocator.cpp"]},
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",

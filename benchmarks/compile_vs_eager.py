@@ -85,9 +85,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     cfg, _ = parse_args(["--env", args.env])
-    env = get_spec(cfg.env).make(seed=0)
-    obs_space, action_space = env.observation_space, env.action_space
-    env.close()
+    obs_space, action_space = get_spec(cfg.env).spaces()
     print(f"compile_vs_eager: {args.env}, {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"1 thread; learner step on {cfg.batch_size} samples, actor forward on {args.forward_batch}", flush=True)
     for precision in args.precisions:

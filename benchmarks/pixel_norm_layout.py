@@ -101,9 +101,7 @@ def main(argv=None) -> int:
     if not cfg.normalize_obs:
         raise SystemExit(f"pixel_norm_layout.py: {args.env}'s model does not normalise its pixels "
                          "(--normalize_obs is off in its preset); pick a Doom env that does, such as doom_battle.")
-    env = get_spec(cfg.env).make(seed=0)
-    obs_space, action_space = env.observation_space, env.action_space
-    env.close()
+    obs_space, action_space = get_spec(cfg.env).spaces()
     print(f"pixel_norm_layout: {args.env}, {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"1 thread; learner step on {cfg.batch_size} samples, actor forward on {args.forward_batch}", flush=True)
     for precision in args.precisions:

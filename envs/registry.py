@@ -51,6 +51,14 @@ class EnvSpec:
     # thread-safe to make, and a cheap one would only pay for the threads.
     parallel_make: bool = False
 
+    def spaces(self, **options) -> tuple:
+        """(observation_space, action_space) of one env made with `options`, then closed."""
+        env = self.make(seed=0, **options)
+        try:
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
+
 
 def _doom_spec(name: str) -> EnvSpec:
     from fastrl.envs.doom.scenarios import SCENARIOS

@@ -125,6 +125,12 @@ class Config:
                                 "eagerly, time real steps both ways and keep the faster (doom_battle's step: 0.78x "
                                 "eager's time in bf16, benchmarks/README.md); on = use it once compiled; off = never.",
                                 choices=("auto", "on", "off"))
+    learner_allocator: str = _opt("caching", "Where a CPU learner's large tensors (1 MB or more) come from: 'caching' keeps their "
+                                  "blocks when freed and hands them to the next step (fastrl/plumbing/caching_allocator.py, "
+                                  "built with the machine's C++ compiler at first use), which spares the kernel zeroing fresh "
+                                  "pages every step: doom_battle's step 0.74x of 'system''s time eager and 0.85x compiled "
+                                  "(bf16, benchmarks/README.md), its memory steady at its peak instead of swinging by hundreds "
+                                  "of MB; 'system' = torch's own allocator.", choices=("caching", "system"))
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
                                  "costs a second encoder pass, so image models may prefer false.")
 

@@ -21,6 +21,7 @@ from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.learning.compiled import COMPILE_KEY, CompiledEvaluate, auto_compiles
+from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
@@ -31,6 +32,8 @@ from fastrl.plumbing.timeline import mark
 QUEUE_TIMEOUT_S = 0.1
 # The metrics message that carries every rank's final weights digest to the runner.
 WEIGHTS_KEY = "weights_sha256_by_rank"
+# The metrics message that says why the learner's caching allocator could not be used.
+ALLOCATOR_KEY = "learner_allocator_unavailable"
 METRICS_EVERY_S = 1.0
 MAX_NONFINITE_IN_A_ROW = 20
 
@@ -47,6 +50,14 @@ class Learner:
                  rank: Rank = SOLO, shared_options: Optional[dict] = None):
         self.cfg, self.ctx, self.rank = cfg, ctx, rank
         self.device = torch.device(device)
+        if caching_allocator.wanted(cfg.learner_allocator, self.device.type):
+            try:
+                caching_allocator.install(caching_allocator.learner_cache_bytes())
+            except caching_allocator.AllocatorUnavailable as err:
+                try:
+                    put_many_polling(ctx.metrics_queue, [{ALLOCATOR_KEY: str(err)}], 1.0)
+                except queue.Full:
+                    pass  # a report only
         self.row = ctx.board.row("learner")
         self.timer = Timer(self.row)
         self.frames_offset = frames_offset

@@ -58,7 +58,7 @@ from fastrl.learning.checkpoint import (
 from fastrl.learning.compiled import COMPILE_KEY, describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import WEIGHTS_KEY, learner_main
+from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, learner_main
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
@@ -503,6 +503,9 @@ class Runner:
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
                 self.metrics.update(m)
+                if ALLOCATOR_KEY in m:
+                    self.say(f"the learner's caching allocator is off: {m[ALLOCATOR_KEY]}; it uses torch's own, "
+                             "slower here (pass --learner_allocator system to skip the attempt)")
                 if COMPILE_KEY in m:
                     self.say(describe_compile(m[COMPILE_KEY]))
                     if self.rank.main:

@@ -33,6 +33,7 @@ from dataclasses import replace
 import torch
 
 from fastrl.algo.model import Precision, has_images, native_bf16, obs_layout, resolve_device
+from fastrl.plumbing.caching_allocator import learner_memory
 from fastrl.tuning.profiling import (
     FORWARD_BATCHES,
     MODEL_OPTIONS,
@@ -124,16 +125,18 @@ def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float
     start = time.perf_counter()
     small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
     calls, samples = {}, 0
-    for p in PRECISIONS:
-        both = Precision(p, p, "timed")
-        forwards, train, samples = model_calls(small, obs_space, action_space, FORWARD_BATCHES, both)
-        calls.update({("acting", p, b): (1, fn) for b, fn in forwards.items()})
-        calls[("learning", p, None)] = (1, train)
-    previous = torch.get_num_threads()
-    try:
-        timed = time_interleaved(calls, seconds, clock=time.process_time, cap_s=cap_s - (time.perf_counter() - start))
-    finally:
-        torch.set_num_threads(previous)
+    with learner_memory(cfg.learner_allocator):  # the learner's allocator, as it will run
+        for p in PRECISIONS:
+            both = Precision(p, p, "timed")
+            forwards, train, samples = model_calls(small, obs_space, action_space, FORWARD_BATCHES, both)
+            calls.update({("acting", p, b): (1, fn) for b, fn in forwards.items()})
+            calls[("learning", p, None)] = (1, train)
+        previous = torch.get_num_threads()
+        try:
+            timed = time_interleaved(calls, seconds, clock=time.process_time,
+                                     cap_s=cap_s - (time.perf_counter() - start))
+        finally:
+            torch.set_num_threads(previous)
     per_call = timed.per_call
     return ({"acting": {p: {b: per_call[("acting", p, b)] / b for b in FORWARD_BATCHES} for p in PRECISIONS},
              "learning": {p: per_call[("learning", p, None)] / samples for p in PRECISIONS}}, timed.capped)

@@ -42,6 +42,7 @@ from fastrl.algo.model import Precision, build_model, obs_zeros
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.learner import gradient_step
+from fastrl.plumbing.caching_allocator import learner_memory
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.proc import on_one_core, pin_to_core, run_child, usable_cores
 from fastrl.plumbing.seeding import env_seed
@@ -442,16 +443,17 @@ def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], thre
     minibatch for each t in `threads`, interleaved (time_interleaved) over about
     `seconds`, and `cap_s` wall seconds at most. Runs in this process and restores
     its thread count."""
-    forwards, train, samples = model_calls(cfg, obs_space, action_space, batch_sizes, precision, device)
-    forward_threads = list(threads if forward_threads is None else forward_threads)
-    calls = {("forward", t, b): (t, fn) for t in forward_threads for b, fn in forwards.items()}
-    calls.update({("train", t, None): (t, train) for t in threads})
-    previous = torch.get_num_threads()
-    try:
-        timed = time_interleaved(calls, seconds, tick=(lambda e: progress(min(seconds, e))) if progress else None,
-                                 cap_s=cap_s)
-    finally:
-        torch.set_num_threads(previous)
+    with learner_memory(cfg.learner_allocator, device):
+        forwards, train, samples = model_calls(cfg, obs_space, action_space, batch_sizes, precision, device)
+        forward_threads = list(threads if forward_threads is None else forward_threads)
+        calls = {("forward", t, b): (t, fn) for t in forward_threads for b, fn in forwards.items()}
+        calls.update({("train", t, None): (t, train) for t in threads})
+        previous = torch.get_num_threads()
+        try:
+            timed = time_interleaved(calls, seconds, tick=(lambda e: progress(min(seconds, e))) if progress else None,
+                                     cap_s=cap_s)
+        finally:
+            torch.set_num_threads(previous)
     per_call = timed.per_call
     forward_s = {t: {b: per_call[("forward", t, b)] / b for b in forwards} for t in forward_threads}
     train_s = {t: per_call[("train", t, None)] / samples for t in threads}
@@ -626,7 +628,8 @@ def _source_digest() -> str:
 
 # The options that shape the model and so its cost; a measurement cached for one
 # setup must not be reused for another.
-MODEL_OPTIONS = ("hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "rollout")
+MODEL_OPTIONS = ("hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "rollout",
+                 "learner_allocator")
 
 
 def cache_path(setup: dict) -> str:
