@@ -43,7 +43,11 @@ import torch
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
-TIMED_STEPS = 3  # real steps timed each way before `auto` decides
+# Real steps timed each way before `auto` decides, alternating. On 2 busy cores a
+# step's time varies by 10-20% with what the actors do beside it: with 3 a side,
+# one doom_battle run kept eager at 1.11x where the next four measured the
+# compiled step at 0.67-0.84x (benchmarks/README.md, sixteenth session).
+TIMED_STEPS = 5
 MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 
