@@ -199,7 +199,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
               "(a busy machine), so the plan may fit a quiet one less well; it is not cached", flush=True)
     ratio = compiled_costs.remembered_ratio(cfg, precision.learning, has_images(env.observation_space),
                                             torch.device(resolve_device(cfg)).type)
-    if ratio is not None:
+    if ratio is not None and ratio < 1:  # (1: the step stayed eager there, as profiled)
         costs = compiled_costs.at_ratio(costs, ratio)
         if announce:
             print(f"fastrl: planning for the learner's step at {ratio:.2f}x of its eager cost, as an earlier run "
