@@ -94,13 +94,14 @@ TARGETS = {
     "doom_basic": 80.0,
     "doom_health_gathering_supreme": 700.0,
     "doom_defend_the_center": None,
+    "doom_defend_the_line": None,
 }
 
 # Where Sample Factory's return comes from, per Doom env, and the factor that turns it
 # into the game's own score (fastrl's return on these scenarios):
 #   stdout  the "Avg episode reward" line after each report: the mean over SF's last 100
 #           episodes of the reward SF trains on. doom_basic's SF spec scales that reward
-#           by 0.01, hence x100; defend_the_center's is unscaled.
+#           by 0.01, hence x100; defend_the_center's and defend_the_line's are unscaled.
 #   tb      health_gathering_supreme's SF reward adds +1 per medikit picked up (SF's
 #           gathering shaping), so its printed mean is not the game score; the
 #           unshaped episode total is SF's "true_objective" stat, only in
@@ -114,6 +115,7 @@ TARGETS = {
 SF_RETURN = {
     "doom_basic": ("stdout", 100.0, 0.0),
     "doom_defend_the_center": ("stdout", 1.0, 0.0),
+    "doom_defend_the_line": ("stdout", 1.0, 0.0),
     "doom_health_gathering_supreme": ("tb", 100.0, -100.0),
 }
 SF_TRUE_OBJECTIVE_TAG = "policy_stats/avg_true_objective"

@@ -110,6 +110,9 @@ SCENARIOS = {s.name: s for s in (
         "doom_defend_the_center", "vizdoom:defend_the_center.cfg", None, "game", "game_reward",
         "ViZDoom defend_the_center: turn and shoot monsters closing in from all sides."),
     DoomScenario(
+        "doom_defend_the_line", "vizdoom:defend_the_line.cfg", None, "game", "game_reward",
+        "ViZDoom defend_the_line: turn and shoot monsters that come from across a room, some firing back."),
+    DoomScenario(
         "doom_health_gathering_supreme", "vizdoom:health_gathering_supreme.cfg", None, "gathering", "game_reward",
         "ViZDoom health_gathering_supreme: survive on an acid floor by collecting medikits in a maze; "
         "trained on the game's reward plus a bonus per medikit, true objective the game's score."),
