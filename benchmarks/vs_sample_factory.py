@@ -14,6 +14,12 @@ one torch thread per process. Every flag and why: benchmarks/sample_factory_note
 With --fastrl_layout planned, fastrl's planner picks its own process layout (the
 layout flags then set SF's), to compare --plan auto against SF's hand-tuned layouts.
 
+--scenario battle is the main job, each side's own doom_battle: the two are not
+the same game (fastrl's arena is ViZDoom's deathmatch.wad with its battle.cfg;
+SF's is its own battle map with health, ammo and weapon measurements as a second
+input and a turn-and-move action set), so the env-only check says how much of the
+ratio the envs explain, and the model differs by SF's small measurements MLP.
+
 Sample Factory pins numpy<2 and gymnasium<1.0, so it lives in its own virtualenv
 (benchmarks/.venv-sf by default, git-ignored), created and filled on first use:
 torch==2.13.0 (the CPU build on this machine's disk), sample-factory==2.1.1 (its
@@ -547,8 +553,9 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=300.0, help="wall seconds per run, from launch (default 300)")
     p.add_argument("--skip", type=float, default=30.0,
                    help="steady-state window starts at the first report this long after launch (default 30)")
-    p.add_argument("--scenario", choices=("defend_the_center", "basic"), default="defend_the_center",
-                   help="ViZDoom-shipped scenario: doom_<name> on both sides (default defend_the_center)")
+    p.add_argument("--scenario", choices=("defend_the_center", "basic", "battle"), default="defend_the_center",
+                   help="doom_<name> on both sides (default defend_the_center, ViZDoom's own map on both; "
+                        "battle is each side's own doom_battle, not the same game: see above)")
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--num_envs_per_worker", type=int, default=8)
     p.add_argument("--batch_size", type=int, default=1024)
