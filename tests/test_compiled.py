@@ -72,6 +72,22 @@ def test_auto_keeps_whichever_timed_faster(no_real_compile, compiled_s, chosen):
                                                else "the learner's step stays eager")
 
 
+def test_the_background_compile_starts_after_the_first_step_not_beside_it(no_real_compile):
+    # Dynamo's tracing holds the GIL: started beside the first step, it made that
+    # step, and the first update the actors get, seconds late.
+    _, model, mb = small_image_model()
+    chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
+    chooser.before_step(mb)
+    assert chooser._warm is None
+    taken, given = chooser._inputs["obs"]["obs"], mb["obs"]["obs"]
+    assert torch.equal(taken, given) and taken.data_ptr() != given.data_ptr()  # a copy: the batch may go
+    chooser.after_step(1.0)
+    assert chooser.state == "warming"
+    chooser._warm.join(timeout=60)
+    assert chooser._warm_error is None
+    assert chooser._inputs is None  # handed to the compile, not kept
+
+
 def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):
     _, model, mb = small_image_model()
     report = drive(CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False), mb,

@@ -10,10 +10,13 @@ forward (0.98-1.02x). The cost is the compile: tens of seconds of a core the
 first time on a machine, a few once inductor's on-disk cache holds it.
 So no run waits for it:
 
-1. the learner trains eagerly from its first batch, and hands a copy of that first
-   minibatch to a thread that compiles evaluate on a replica of the model, forward
-   and backward (the C++ compiler runs as other processes, so the thread mostly
-   waits), which fills the cache;
+1. the learner trains eagerly from its first batch, and once that first step is
+   done hands a copy of its minibatch to a thread that compiles evaluate on a
+   replica of the model, forward and backward (the C++ compiler runs as other
+   processes, so the thread mostly waits), which fills the cache. Not during the
+   first step: dynamo's tracing holds the GIL for seconds, and beside it doom_battle's
+   first step took 2.5-4.5 s where it takes 1.1 s alone (benchmarks/startup.py, 2
+   workers x 16 envs, warm caches, AMD EPYC: first trained batch 9.8 -> 8.6 s);
 2. then, between two steps, the learner compiles its own model's evaluate, which
    finds everything cached (the pause: seconds), and times its next real steps
    compiled and eager in turn;
@@ -85,6 +88,7 @@ class CompiledEvaluate:
         self._warm: Optional[threading.Thread] = None
         self._warm_s = 0.0
         self._warm_error: Optional[str] = None
+        self._inputs: Optional[dict] = None  # the first minibatch's evaluate inputs, until the compile takes them
         self._switch_s = 0.0
         self._compiled = None
         self._times: dict = {"eager": [], "compiled": []}
@@ -94,13 +98,16 @@ class CompiledEvaluate:
     # -- the learner's two calls ----------------------------------------------------------
     def before_step(self, mb: dict) -> None:
         if self.state == "start":
-            self._start_warm(mb)
+            self._take_inputs(mb)
         elif self.state == "warming" and not self._warm.is_alive():
             self._switch()
         elif self.state == "timing" and self.mode == "auto":
             self._use("eager" if self._current == "compiled" else "compiled")
 
     def after_step(self, seconds: float) -> None:
+        if self.state == "armed":
+            self._start_warm()
+            return
         if self.state != "timing":
             return
         if self._untimed:  # the first compiled call includes the learner's own compile
@@ -115,10 +122,15 @@ class CompiledEvaluate:
         return report
 
     # -- stages -------------------------------------------------------------------------
-    def _start_warm(self, mb: dict) -> None:
-        inputs = {k: ({kk: vv.clone() for kk, vv in mb[k].items()} if isinstance(mb[k], dict) else mb[k].clone())
-                  for k in EVALUATE_INPUTS}
+    def _take_inputs(self, mb: dict) -> None:
+        """A copy of the first minibatch's inputs, for the compile after its step."""
+        self._inputs = {k: ({kk: vv.clone() for kk, vv in mb[k].items()} if isinstance(mb[k], dict)
+                            else mb[k].clone()) for k in EVALUATE_INPUTS}
+        self.state = "armed"
+
+    def _start_warm(self) -> None:
         replica = copy.deepcopy(self.model)
+        inputs, self._inputs = self._inputs, None
         self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs),
                                       name="fastrl: learner compile", daemon=True)
         self.state = "warming"
