@@ -34,7 +34,7 @@ import os
 import sys
 import time
 
-import psutil
+from fastrl.plumbing.proc import launched_at
 
 
 def linear(initial: float):
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     parser.add_argument("--torch_threads", type=int, default=1,
                         help="torch intra-op threads (default 1; rl-zoo3's --num-threads sets the same)")
     args = parser.parse_args(argv)
-    launched = psutil.Process().create_time()
+    launched = launched_at()  # fastrl's own reading, so both count from the same kind of clock
 
     if importlib.util.find_spec("stable_baselines3") is None:
         print(f"sb3_runner: error: Stable-Baselines3 is not installed; run: {SB3_INSTALL}", file=sys.stderr)

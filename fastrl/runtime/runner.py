@@ -25,7 +25,6 @@ from typing import NamedTuple, Optional
 
 import faster_fifo
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
-import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
@@ -63,7 +62,14 @@ from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.params import SharedParams, StopFlag
-from fastrl.plumbing.proc import continue_descendants, on_one_core, run_child, start_process_server, usable_cores
+from fastrl.plumbing.proc import (
+    continue_descendants,
+    launched_at,
+    on_one_core,
+    run_child,
+    start_process_server,
+    usable_cores,
+)
 from fastrl.plumbing.queue_locks import QueueLockWatch
 from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
@@ -621,7 +627,7 @@ class Runner:
                    else NullMonitor())
         # Times count from the command's launch, so that a reported time to a score
         # includes the start-up a user waits through, not just the training loop.
-        start = psutil.Process().create_time()
+        start = launched_at()
         exit_code, reason = 0, None
         signals = _StopSignals()
         locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True), cfg.worker_timeout_seconds)
