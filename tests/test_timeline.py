@@ -1,5 +1,9 @@
 """The start-up timeline (fastrl/plumbing/timeline.py): written only when asked for;
 and the launch time every "seconds from launch" counts from."""
+import subprocess
+import sys
+import time
+
 from fastrl.plumbing import timeline
 
 
@@ -24,10 +28,6 @@ def test_an_unwritable_timeline_does_not_stop_the_run(tmp_path, monkeypatch):
 def test_a_process_knows_when_it_was_launched_to_within_the_clock_tick():
     # psutil's create_time reads the boot time in whole seconds and was 0.82 s
     # early on the project's machine; every "seconds from launch" counts from this.
-    import subprocess
-    import sys
-    import time
-
     before = time.time()
     out = subprocess.run([sys.executable, "-c", "from fastrl.plumbing.proc import launched_at; print(launched_at())"],
                          capture_output=True, text=True, check=True).stdout
