@@ -41,7 +41,8 @@ class Config:
 
     # --- processes --------------------------------------------------------------------
     num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs (per rank under torchrun).")
-    num_envs_per_worker: int = _opt(32, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering).")
+    num_envs_per_worker: int = _opt(32, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering); "
+                                    "with several policies, in one group per policy.")
     inference: str = _opt(
         "local",
         "Where actions are computed: 'local' runs the model inside each rollout worker on its own envs (no round trip, best on few CPU cores); "
@@ -51,7 +52,7 @@ class Config:
     num_policy_workers: int = _opt(1, "Policy-worker processes (only with --inference policy_worker).")
     torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal time from other processes.")
     learner_threads: int = _opt(0, "Torch threads for the learner (0 = --torch_threads); worth more than one when the learner is the bottleneck and a core would otherwise idle.")
-    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus two learner batches). Fewer buffers throttle sampling and lower the policy lag.")
+    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus one learner batch per policy and one more). Fewer buffers throttle sampling and lower the policy lag.")
     plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two (a few at most on a busy machine, "
                      "whose profile is not cached) and picks workers, envs, "
                      "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
@@ -66,6 +67,23 @@ class Config:
     adapt: bool = _opt(False, "While training, move a torch thread to or from the learner when rollout workers or the learner "
                        "wait; off by default: measured on a loaded 2-core machine, a second learner thread cut training ~10x.")
     inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
+
+    # --- several policies ------------------------------------------------------------------
+    num_policies: int = _opt(1, "Policies trained at once, each with its own learner process, weights, optimiser and "
+                             "checkpoints (<experiment>/checkpoints/policy_<k>), sharing the rollout and policy workers: "
+                             "every worker splits its envs into one group per policy, so each policy acts in an equal "
+                             "share of them. Every learner is a busy process: on a machine with few cores, each policy "
+                             "trains at a fraction of one policy's rate (the plan line says how many fit).")
+    with_pbt: bool = _opt(False, "Population-based training over the --num_policies policies (2 or more): every "
+                          "--pbt_period_env_steps, each policy in the bottom --pbt_replace_fraction by the true objective "
+                          "(the mean of its last 100 episodes) takes the weights and hyperparameters of one in the top "
+                          "fraction, then perturbs lr, entropy_coef, gamma and reward_scale within bounds. Every change is "
+                          "logged to <experiment>/pbt.jsonl and TensorBoard and replayed on resume.")
+    pbt_period_env_steps: int = _opt(1_000_000, "Agent steps of each policy between two PBT rounds.")
+    pbt_replace_fraction: float = _opt(0.3, "PBT: the fraction of policies replaced each round (at least one), and the "
+                                       "fraction the replacements' sources are drawn from.")
+    pbt_perturb_factor: float = _opt(1.2, "PBT: each perturbed hyperparameter is multiplied or divided by this (gamma: "
+                                     "its horizon 1 / (1 - gamma)), then kept within its bounds (fastrl/learning/pbt.py).")
 
     # --- algorithm: APPO ----------------------------------------------------------------
     rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.")
@@ -194,8 +212,13 @@ class Config:
     @property
     def num_splits(self) -> int:
         """Env groups per worker: two alternate with a policy worker, one with local inference
-        (a worker computing its own actions cannot overlap them with stepping anyway)."""
-        return 2 if self.inference == "policy_worker" else 1
+        (a worker computing its own actions cannot overlap them with stepping anyway);
+        with several policies, one per policy (policy_of_split), which alternate too."""
+        return max(2 if self.inference == "policy_worker" else 1, self.num_policies)
+
+    def policy_of_split(self, split: int) -> int:
+        """The policy that acts in a worker's env split (the same in every worker)."""
+        return split % self.num_policies
 
     @property
     def envs_per_split(self) -> int:
@@ -213,7 +236,7 @@ class Config:
     def total_buffers(self) -> int:
         if self.num_buffers:
             return self.num_buffers
-        return self.num_workers * self.num_splits + 2 * self.buffers_per_batch
+        return self.num_workers * self.num_splits + (self.num_policies + 1) * self.buffers_per_batch
 
     @property
     def hidden_size_tuple(self) -> tuple:
@@ -239,8 +262,8 @@ def validate(cfg: Config, writes: bool = True) -> None:
     if not 0 <= cfg.seed < 2**SEED_BITS:
         raise ConfigError(f"--seed is {cfg.seed} but must lie in [0, {2**SEED_BITS - 1}], "
                           "the seeds every env takes (some hand theirs to a C engine).")
-    for name in ("num_workers", "num_envs_per_worker", "num_policy_workers", "torch_threads", "rollout",
-                 "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size", "eval_episodes"):
+    for name in ("num_workers", "num_envs_per_worker", "num_policy_workers", "num_policies", "pbt_period_env_steps",
+                 "torch_threads", "rollout", "batch_size", "ppo_epochs", "num_minibatches", "keep_checkpoints", "rnn_size", "eval_episodes"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be a positive whole number.")
     for name in ("lr", "status_every_seconds", "checkpoint_every_seconds", "encoder_init_gain", "policy_init_gain",
@@ -267,7 +290,20 @@ def validate(cfg: Config, writes: bool = True) -> None:
         sizes = ()
     if not sizes or min(sizes) <= 0:
         raise ConfigError(f"--hidden_sizes '{cfg.hidden_sizes}' must be positive whole numbers separated by commas, like 64,64.")
+    if cfg.with_pbt and cfg.num_policies < 2:
+        raise ConfigError(f"--with_pbt true needs a population: --num_policies {cfg.num_policies} trains one; "
+                          "pass --num_policies 4, say.")
+    if not 0.0 < cfg.pbt_replace_fraction <= 0.5:
+        raise ConfigError(f"--pbt_replace_fraction is {cfg.pbt_replace_fraction} but must lie in (0, 0.5]: "
+                          "the policies replaced and those copied from must not overlap.")
+    if cfg.pbt_perturb_factor <= 1.0:
+        raise ConfigError(f"--pbt_perturb_factor is {cfg.pbt_perturb_factor} but must be above 1, like 1.2.")
     if cfg.num_envs_per_worker % cfg.num_splits:
+        if cfg.num_policies > 1:
+            raise ConfigError(
+                f"--num_envs_per_worker {cfg.num_envs_per_worker} must be a multiple of the {cfg.num_splits} env groups "
+                f"each worker has with --num_policies {cfg.num_policies} (one per policy); use "
+                f"{max(cfg.num_splits, cfg.num_envs_per_worker // cfg.num_splits * cfg.num_splits)}.")
         raise ConfigError(
             f"--num_envs_per_worker {cfg.num_envs_per_worker} must be even with --inference policy_worker, "
             "because each worker's envs are split in two halves that alternate."
@@ -285,11 +321,15 @@ def validate(cfg: Config, writes: bool = True) -> None:
             f"--num_minibatches {cfg.num_minibatches} must divide the {columns} trajectories of a batch "
             f"(batch_size / rollout); pick a divisor of {columns}."
         )
-    if cfg.num_buffers and cfg.num_buffers < cfg.num_workers * cfg.num_splits + cfg.buffers_per_batch:
-        need = cfg.num_workers * cfg.num_splits + cfg.buffers_per_batch
+    # Each learner may hold all but one buffer of its next batch while it waits for
+    # its own policy's last one, so the pool needs a batch per policy beyond the
+    # buffers the splits hold, or every learner could wait on a buffer none is free for.
+    need = cfg.num_workers * cfg.num_splits + cfg.num_policies * cfg.buffers_per_batch
+    if cfg.num_buffers and cfg.num_buffers < need:
+        learners = "a batch" if cfg.num_policies == 1 else f"each of the {cfg.num_policies} policies' batches"
         raise ConfigError(
             f"--num_buffers {cfg.num_buffers} can never fill a batch: every worker split holds one buffer while it samples "
-            f"and a batch needs {cfg.buffers_per_batch} more; use at least {need}."
+            f"and {learners} needs {cfg.buffers_per_batch} more; use at least {need}."
         )
     if cfg.device == "cuda" or cfg.dist_backend == "nccl":
         import torch

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save_video", default="", metavar="PATH.mp4", help="Write the rendered frames to this mp4.")
     parser.add_argument("--checkpoint", default="latest",
                         help="'latest' (newest periodic checkpoint), 'best' (best by evaluation) or a checkpoint path.")
+    parser.add_argument("--policy", type=int, default=0,
+                        help="Which policy to play, in an experiment trained with --num_policies (0 to N-1).")
     parser.add_argument("--deterministic", action="store_true", help="Take the most likely action instead of sampling.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the first episode; episode i uses seed + i.")
     return parser
@@ -79,9 +81,14 @@ def load_experiment_config(experiment_dir: str) -> Config:
     return config_from_saved(saved)
 
 
-def select_checkpoint(cfg: Config, which: str) -> tuple:
-    """(state, path) of the checkpoint named by --checkpoint: latest, best or a path."""
-    ckpt_dir = checkpoint_dir(cfg)
+def select_checkpoint(cfg: Config, which: str, policy: int = 0) -> tuple:
+    """(state, path) of policy `policy`'s checkpoint named by --checkpoint: latest,
+    best or a path."""
+    if not 0 <= policy < cfg.num_policies:
+        raise EnjoyError(f"--policy {policy} does not exist: experiment {cfg.experiment_dir} trained "
+                         f"{cfg.num_policies} polic{'y' if cfg.num_policies == 1 else 'ies'}; pass 0 to "
+                         f"{cfg.num_policies - 1}.")
+    ckpt_dir = checkpoint_dir(cfg, policy)
     if which == "latest":
         try:
             state, path = load_latest_checkpoint(ckpt_dir)
@@ -189,7 +196,7 @@ def run(args) -> None:
     # The saved config's own train_dir/experiment may point elsewhere (a moved folder):
     # the folder the user named is the one to read checkpoints from.
     cfg = dataclasses.replace(cfg, train_dir=args.train_dir, experiment=args.experiment or args.env)
-    state, ckpt_path = select_checkpoint(cfg, args.checkpoint)
+    state, ckpt_path = select_checkpoint(cfg, args.checkpoint, args.policy)
     try:
         spec = get_spec(args.env)
     except UnknownEnvError as err:

@@ -211,3 +211,27 @@ def count_timed_calls(monkeypatch, module) -> list:
 
     monkeypatch.setattr(module, "time_interleaved", counted)
     return measurements
+
+
+class ListQueue:
+    """The two calls a worker makes on a faster-fifo queue, over a plain list, and
+    `put` for the test standing in for other processes; `on_put` runs after every
+    item put, standing in for what other processes do then."""
+
+    def __init__(self, items=(), on_put=None):
+        self.items, self.on_put = list(items), on_put
+
+    def put_many(self, items, block=True, timeout=None):
+        for item in items:
+            self.items.append(item)
+            if self.on_put:
+                self.on_put(item)
+
+    def put(self, item, block=True, timeout=None):
+        self.put_many([item])
+
+    def get_many(self, block=False, max_messages_to_get=1_000_000_000):
+        if not self.items:
+            raise queue.Empty
+        taken, self.items = self.items[:max_messages_to_get], self.items[max_messages_to_get:]
+        return taken

@@ -122,6 +122,13 @@ CASES = [
          "--seed is 99999999999999999999 but must lie in"),
     Case("train", "batch not a multiple of the rollout", f"{CARTPOLE} --batch_size 1000",
          "--batch_size 1000 is not a multiple"),
+    # -- train: several policies
+    Case("train", "zero policies", f"{CARTPOLE} --num_policies 0", "--num_policies is 0 but must be a positive"),
+    Case("train", "PBT with one policy", f"{CARTPOLE} --with_pbt true", "--with_pbt true needs a population"),
+    Case("train", "envs not shared evenly among policies", f"{CARTPOLE} --num_policies 3 --num_envs_per_worker 16",
+         "must be a multiple of the 3 env groups"),
+    Case("train", "resuming with another number of policies", f"{CARTPOLE} --experiment good --num_policies 2",
+         "trained 1 policy; pass --num_policies 1 to resume it"),
     # -- enjoy
     Case("enjoy", "no --env", "--train_dir {root}/train", "the following arguments are required: --env"),
     Case("enjoy", "not a number", f"{ENJOY} --episodes abc", "argument --episodes: invalid int value"),
@@ -137,6 +144,8 @@ CASES = [
     Case("enjoy", "--checkpoint forged to run code", f"{ENJOY} --experiment good --checkpoint {FORGED_NEWEST}",
          RUNS_CODE),
     Case("enjoy", "every checkpoint damaged", f"{ENJOY} --experiment damaged", ALL_DAMAGED),
+    Case("enjoy", "a policy the experiment does not have", f"{ENJOY} --experiment good --policy 5",
+         "--policy 5 does not exist"),
     Case("enjoy", "env of other spaces", "--env Acrobot-v1 --train_dir {root}/train --experiment good",
          "does not fit the model for Acrobot-v1"),
     Case("enjoy", "env fails to construct", "--env failing_env:Failing-v0 --train_dir {root}/train --experiment "

@@ -54,7 +54,7 @@ class Harness:
         self.params = SharedParams(flat_state_size(self.model))
         self.board = StatsBoard(["runner", "learner", "rollout_0", "rollout_1"])
         self.ctx = SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space,
-                                   params=self.params, board=self.board, stop=StopFlag(),
+                                   params=[self.params], board=self.board, stop=StopFlag(),
                                    precision=Precision("fp32", "fp32", "no image encoder"), totals=None)
         self.results = faster_fifo.Queue(max_size_bytes=100_000)  # the runner's eval queue
         self.cfg = cfg

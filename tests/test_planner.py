@@ -10,7 +10,7 @@ from helpers import count_timed_calls
 
 from fastrl.config import Config
 from fastrl.plumbing.proc import on_one_core
-from fastrl.tuning.planner import NICE_STEP, TIE, Costs, Plan, choose, predict, worker_nice
+from fastrl.tuning.planner import NICE_STEP, TIE, Costs, Plan, choose, describe, predict, worker_nice
 
 
 def cfg(**kw):
@@ -337,3 +337,26 @@ def test_the_plan_takes_the_learners_compiled_cost_once_a_run_of_the_setup_measu
     compiled_costs.remember(setup, "fp32", {"chosen": "eager", "why": "compiling failed", "eager_step_s": None,
                                             "compiled_step_s": None, "ratio": None})
     assert consumption() == pytest.approx(before)
+
+
+def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
+    costs = learner_bound(2)
+    one = choose(costs, cfg(), explicit=set())
+    four = choose(costs, cfg(num_policies=4), explicit=set())
+    c4 = cfg(num_policies=4, **four.options())
+    # Each worker's envs split evenly into one group per policy, and the pool holds
+    # a batch per policy beyond the splits' own and one more.
+    assert c4.num_splits == 4 and c4.num_envs_per_worker % 4 == 0
+    assert four.num_buffers == c4.num_workers * 4 + 5 * c4.buffers_per_batch
+    # Four learners consume four times one learner's rate, but they are four more
+    # busy processes: on 2 cores the total is bounded by the cores, not multiplied.
+    p1 = predict(costs, 1, 32, "local", 1, 1, 2, 32, 1024)
+    p4 = predict(costs, 1, 32, "local", 1, 1, 2, 32, 1024, policies=4)
+    assert p4["consumption_steps_per_s"] == pytest.approx(4 * p1["consumption_steps_per_s"])
+    assert p4["processes"] == p1["processes"] + 3
+    assert p4["lag_max_learner_steps"] - 1 == pytest.approx((p1["lag_max_learner_steps"] - 1) / 4)
+    assert four.predicted["trained_steps_per_s"] == pytest.approx(min(
+        four.predicted["production_steps_per_s"], four.predicted["consumption_steps_per_s"],
+        four.predicted["cores_steps_per_s"]))
+    assert "4 policies, each trained at ~" in describe(four, 1)
+    assert "policies" not in describe(one, 1)

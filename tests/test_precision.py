@@ -214,7 +214,7 @@ def test_actors_and_the_learner_build_their_models_in_their_own_precision(acting
     model = build_model(config, IMAGE, ACTIONS)
     params = SharedParams(flat_state_size(model))
     params.publish(flat_state(model), 0)
-    ctx = types.SimpleNamespace(obs_space=IMAGE, action_space=ACTIONS, params=params,
+    ctx = types.SimpleNamespace(obs_space=IMAGE, action_space=ACTIONS, params=[params],
                                 board=StatsBoard(["learner", "policy_0"]),
                                 precision=Precision(acting, learning, "test"))
     actor = PolicyCopy(config, ctx, ctx.board.row("policy_0")).model

@@ -469,7 +469,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     model.load_state_dict(state1["model"])
     params = SharedParams(flat_state(model).numel())
     params.publish(flat_state(model), state1["version"])
-    ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=params,
+    ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=[params],
                                 board=StatsBoard(["learner"]), precision=Precision("fp32", "fp32", "no image encoder"))
     torch.manual_seed(12345)
     learner = Learner(cfg, ctx, "cpu", path1, 0)

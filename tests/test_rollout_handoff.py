@@ -3,12 +3,12 @@ action: the next trajectory must begin with this env's own last row, and every
 action must carry the version and log-prob of the weights that chose it. And its
 requests to the policy workers: each answered once, even across their restart.
 And its count of env restarts, on the board before the replacement env starts."""
-import queue
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 from fastrl.envs.registry import get_spec
+from helpers import ListQueue
 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, obs_layout
@@ -22,48 +22,55 @@ from fastrl.sampling.rollout_worker import RolloutWorker
 ROLLOUT, ENVS = 4, 2
 
 
-class ListQueue:
-    """The two calls a worker makes on a faster-fifo queue, over a plain list, and
-    `put` for the test standing in for other processes; `on_put` runs after every
-    item put, standing in for what other processes do then."""
-
-    def __init__(self, items=(), on_put=None):
-        self.items, self.on_put = list(items), on_put
-
-    def put_many(self, items, block=True, timeout=None):
-        for item in items:
-            self.items.append(item)
-            if self.on_put:
-                self.on_put(item)
-
-    def put(self, item):
-        self.put_many([item])
-
-    def get_many(self, block=False, max_messages_to_get=1_000_000_000):
-        if not self.items:
-            raise queue.Empty
-        taken, self.items = self.items[:max_messages_to_get], self.items[max_messages_to_get:]
-        return taken
-
-
-def _worker(num_buffers=3, on_put=None, env_id="CartPole-v1"):
-    cfg = Config(env=env_id, num_workers=1, num_envs_per_worker=ENVS, rollout=ROLLOUT,
-                 batch_size=ROLLOUT * ENVS, num_minibatches=1)
+def _worker(num_buffers=3, on_put=None, env_id="CartPole-v1", policies=1, envs=ENVS):
+    """A rollout worker of `policies` policies (one env split each) over `envs` envs,
+    on list queues, each policy's weights published at version 100 x (policy + 1)."""
+    cfg = Config(env=env_id, num_workers=1, num_envs_per_worker=envs, rollout=ROLLOUT,
+                 batch_size=ROLLOUT * envs // policies, num_minibatches=1, num_policies=policies)
     env = get_spec(env_id).make(seed=0)
     action_spec = ActionSpec.from_space(env.action_space)
-    buffers = TrajectoryBuffers(num_buffers, ROLLOUT, ENVS, obs_layout(env.observation_space),
+    buffers = TrajectoryBuffers(num_buffers, ROLLOUT, cfg.envs_per_split, obs_layout(env.observation_space),
                                 action_spec.action_dim, action_spec.dtype, rnn_size=0)
-    model = build_model(cfg, env.observation_space, env.action_space)
-    params = SharedParams(flat_state_size(model))
-    params.publish(flat_state(model), 0)
+    params = []
+    for k in range(policies):
+        model = build_model(cfg, env.observation_space, env.action_space)
+        params.append(SharedParams(flat_state_size(model)))
+        params[k].publish(flat_state(model), 0 if policies == 1 else 100 * (k + 1))
     ctx = SimpleNamespace(
         obs_space=env.observation_space, action_space=env.action_space, action_spec=action_spec,
         buffers=buffers, params=params, board=StatsBoard(["rollout_0"]), stop=StopFlag(),
-        free_queue=ListQueue(range(num_buffers)), traj_queue=ListQueue(on_put=on_put),
-        held_buffers=HeldBuffers(1, 1), precision=Precision("fp32", "fp32", "no image encoder"),
+        free_queue=ListQueue(range(num_buffers)), traj_queues=[ListQueue(on_put=on_put) for _ in range(policies)],
+        episode_queue=ListQueue(), held_buffers=HeldBuffers(1, cfg.num_splits),
+        precision=Precision("fp32", "fp32", "no image encoder"),
     )
     env.close()
     return RolloutWorker(cfg, 0, ctx), ctx
+
+
+def test_each_policys_trajectories_go_to_its_own_learner_acted_by_its_own_weights():
+    handed = []
+
+    def learner_takes(buf):  # whichever learner's queue it is on, it is gathered and freed
+        queue_of = next(k for k, q in enumerate(ctx.traj_queues) if buf in q.items)
+        handed.append((queue_of, set(ctx.buffers.policy_version[buf].flatten().tolist())))
+        ctx.traj_queues[queue_of].items.remove(buf)
+        ctx.free_queue.items.append(buf)
+        if len(handed) >= 12:
+            ctx.stop.set()
+
+    worker, ctx = _worker(num_buffers=6, on_put=learner_takes, policies=3, envs=6)
+    try:
+        assert worker._start_splits()
+        worker._run_local()
+    finally:
+        for split in worker.splits:
+            split.close()
+    # Split s acts for policy s % 3: each trajectory reached that policy's queue,
+    # and every action in it was chosen by that policy's weights (version 100 x (k + 1)).
+    assert sorted({queue_of for queue_of, _ in handed}) == [0, 1, 2]
+    assert all(versions == {100 * (queue_of + 1)} for queue_of, versions in handed), handed
+    worker._flush_episodes(force=True)
+    assert all(len(ep) == 4 and ep[3] in (0, 1, 2) for batch in ctx.episode_queue.items for ep in batch)
 
 
 def test_next_trajectory_starts_from_this_envs_last_row_even_if_the_buffer_is_reused_at_once():
@@ -71,7 +78,7 @@ def test_next_trajectory_starts_from_this_envs_last_row_even_if_the_buffer_is_re
     # learner gathers and frees it, and another split takes it and writes over it
     # before this worker has even been given its next buffer.
     def learner_frees_and_another_split_overwrites(buf):
-        ctx.traj_queue.items.remove(buf)
+        ctx.traj_queues[0].items.remove(buf)
         for k in ctx.buffers.obs:
             ctx.buffers.obs[k][buf].fill_(-7.0)
         ctx.buffers.episode_start[buf].fill_(True)
@@ -109,7 +116,7 @@ def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_
         for t in range(ROLLOUT):
             # The learner publishes new weights between every two steps of the rollout.
             fresh = build_model(worker.cfg, ctx.obs_space, ctx.action_space)
-            ctx.params.publish(flat_state(fresh), t + 10)
+            ctx.params[0].publish(flat_state(fresh), t + 10)
             models[t] = fresh
             policy.act_into(buf, t, torch.zeros(ENVS, 0))
             worker._step_envs(0)

@@ -69,9 +69,11 @@ class RefusedCheckpointError(CheckpointError):
     it any further could run code, so nothing skips it silently."""
 
 
-def checkpoint_dir(cfg) -> str:
-    """Where an experiment's checkpoints live: <experiment>/checkpoints."""
-    return os.path.join(cfg.experiment_dir, "checkpoints")
+def checkpoint_dir(cfg, policy: int = 0) -> str:
+    """Where an experiment's checkpoints live: <experiment>/checkpoints, and with
+    several policies each policy's in <experiment>/checkpoints/policy_<k>."""
+    root = os.path.join(cfg.experiment_dir, "checkpoints")
+    return root if cfg.num_policies == 1 else os.path.join(root, f"policy_{policy}")
 
 
 def _fsync_dir(directory: str) -> None:

@@ -61,7 +61,7 @@ class Evaluator:
         # It plays as the actors do, so it computes as they do.
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.acting).eval()
         self.version = NO_VERSION
-        self._flat = torch.zeros_like(ctx.params.flat)
+        self._flat = torch.zeros_like(ctx.params[0].flat)
         self.best_path = os.path.join(checkpoint_dir(cfg), BEST_NAME)
         self.best = self._previous_best()
         spec = get_spec(cfg.env)
@@ -116,7 +116,7 @@ class Evaluator:
     def evaluate(self, frames: int):
         """One evaluation of the newest params: the result dict, or None if told to stop meanwhile."""
         start = time.perf_counter()
-        version = self.ctx.params.read_if_newer(self.version, self._flat)
+        version = self.ctx.params[0].read_if_newer(self.version, self._flat)
         if version != self.version:
             load_flat_state(self.model, self._flat)
             self.version = version

@@ -2,6 +2,11 @@
 shared memory (freeing those buffers at once), trains on it with the APPO loss,
 and publishes the new parameters with a version. Owns the checkpoints.
 
+With several policies (--num_policies) there is one learner per policy, each
+with its own trajectory queue, published parameters, board row and checkpoint
+folder; under population-based training it takes the hyperparameters (and, when
+told to, another policy's weights) the runner gives its policy.
+
 In a multi-rank run (torchrun) the learner is the one process of its rank that
 talks to the other ranks: it joins their process group, agrees with them once per
 batch whether to go on (and what the run's counters add up to), and takes every
@@ -9,6 +14,7 @@ gradient step together with them (fastrl.plumbing.collectives). Rank 0's learner
 writes the checkpoints."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import queue
 import time
@@ -26,7 +32,7 @@ from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.ranks import SOLO, Rank, local_counts, run_count
-from fastrl.plumbing.stats_board import Timer
+from fastrl.plumbing.stats_board import Timer, learner_row
 from fastrl.plumbing.timeline import mark
 
 QUEUE_TIMEOUT_S = 0.1
@@ -43,12 +49,13 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Learner:
-    """`rank` and `shared_options` (the options every rank must share, as the runner
-    names them) matter in a multi-rank run only."""
+    """The learner of policy `policy`. `rank` and `shared_options` (the options every
+    rank must share, as the runner names them) matter in a multi-rank run only."""
 
     def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int,
-                 rank: Rank = SOLO, shared_options: Optional[dict] = None):
-        self.cfg, self.ctx, self.rank = cfg, ctx, rank
+                 rank: Rank = SOLO, shared_options: Optional[dict] = None, policy: int = 0):
+        self.cfg, self.ctx, self.rank, self.policy = cfg, ctx, rank, policy
+        self.params = ctx.params[policy]
         self.device = torch.device(device)
         if caching_allocator.wanted(cfg.learner_allocator, self.device.type):
             try:
@@ -58,17 +65,18 @@ class Learner:
                     put_many_polling(ctx.metrics_queue, [{ALLOCATOR_KEY: str(err)}], 1.0)
                 except queue.Full:
                     pass  # a report only
-        self.row = ctx.board.row("learner")
+        self.row = ctx.board.row(learner_row(policy))
         self.timer = Timer(self.row)
         self.frames_offset = frames_offset
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.learning)
         # Start from exactly the weights the runner published, which the actors already use.
-        load_flat_state(self.model, ctx.params.flat.clone())
+        load_flat_state(self.model, self.params.flat.clone())
         self.model.to(self.device).train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
                                          auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
-        self.version = ctx.params.version
+        self.version = self.params.version
+        self._hyper_epoch = 0  # the last change of hyperparameters taken (fastrl.plumbing.hyper)
         self.samples_trained = 0
         if resume_path:
             state = load_checkpoint(resume_path)
@@ -114,7 +122,7 @@ class Learner:
                 if not stopping:
                     with self.timer("wait_s"):
                         try:
-                            pending += get_many_polling(ctx.traj_queue, QUEUE_TIMEOUT_S,
+                            pending += get_many_polling(ctx.traj_queues[self.policy], QUEUE_TIMEOUT_S,
                                                         cfg.buffers_per_batch - len(pending))
                         except queue.Empty:
                             continue
@@ -129,6 +137,8 @@ class Learner:
                 self.row.add("samples_received", cfg.batch_size)
                 if first:
                     mark("learner: first batch gathered")
+                if ctx.hyper is not None:
+                    self._take_hyper()
                 with self.timer("busy_s"):
                     self.train_on(batch)
                 if first:
@@ -205,7 +215,7 @@ class Learner:
         self.row.add("samples_trained", valid.sum().item())
         self.version += 1
         self.row.set("learner_steps", self.version)
-        self.ctx.params.publish(flat_state(self.model).cpu(), self.version)
+        self.params.publish(flat_state(self.model).cpu(), self.version)
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
         self.compiled.before_step(mb)
@@ -213,7 +223,7 @@ class Learner:
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers)
         self.compiled.after_step(time.perf_counter() - start)
         report = self.compiled.take_report()
-        if report is not None:
+        if report is not None and self.policy == 0:  # every policy's learner decides alike; one says it
             try:
                 put_many_polling(self.ctx.metrics_queue, [{COMPILE_KEY: report}], 1.0)
             except queue.Full:
@@ -223,6 +233,22 @@ class Learner:
             return
         self._nonfinite_in_a_row = 0
         self._note_metrics(out, grad_norm)
+
+    def _take_hyper(self) -> None:
+        """Take the hyperparameters population-based training gave this policy since
+        the last batch and, when told to, another policy's newest weights. Adam's
+        moments belonged to the old weights, so they start afresh with the new."""
+        change = self.ctx.hyper.take(self.policy, self._hyper_epoch)
+        if change is None:
+            return
+        self._hyper_epoch, values, source = change
+        self.cfg = dataclasses.replace(self.cfg, **values)
+        self._set_lr(self.cfg.lr)
+        if source is not None:
+            flat = torch.zeros_like(self.ctx.params[source].flat)
+            self.ctx.params[source].read_if_newer(-2, flat)  # -2: no version, so always a copy
+            load_flat_state(self.model, flat.to(self.device))
+            self.optimizer.state.clear()
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -252,6 +278,8 @@ class Learner:
         metrics = {name: float(getattr(out, name)) for name in STAT_FIELDS}
         metrics.update(loss=out.total.item(), grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
                        learner_steps=self.version)
+        if self.cfg.num_policies > 1:
+            metrics = {"policy": self.policy, **metrics}
         try:
             self.ctx.metrics_queue.put(metrics, block=False)
         except queue.Full:
@@ -269,7 +297,7 @@ class Learner:
             "config": self.cfg.to_dict(),
             "torch_rng": torch.get_rng_state(),
         }
-        return save_checkpoint(checkpoint_dir(self.cfg), state, self.version, self.cfg.keep_checkpoints)
+        return save_checkpoint(checkpoint_dir(self.cfg, self.policy), state, self.version, self.cfg.keep_checkpoints)
 
 
 def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_lag: int):
@@ -363,5 +391,5 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
 
 
 def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int, rank: Rank = SOLO,
-                 shared_options: Optional[dict] = None) -> None:
-    Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options).run()
+                 shared_options: Optional[dict] = None, policy: int = 0) -> None:
+    Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy).run()

@@ -17,6 +17,7 @@ import torch
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.model import Precision
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
+from fastrl.plumbing.hyper import SharedHyper
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.ranks import RunTotals
 from fastrl.plumbing.stats_board import StatsBoard
@@ -28,13 +29,14 @@ class SharedContext:
     action_space: gym.Space
     action_spec: ActionSpec
     buffers: TrajectoryBuffers
-    params: SharedParams  # the learner publishes, every acting process reads
+    params: List[SharedParams]  # one per policy: its learner publishes, every acting process reads
     board: StatsBoard  # one row of counters per process
     stop: StopFlag  # set by the runner; every loop polls it
     # The queues carry small messages only; the data stays in `buffers`.
     free_queue: faster_fifo.Queue  # buffer indices free to fill: consumer -> rollout workers
-    traj_queue: faster_fifo.Queue  # indices of full trajectories: rollout workers -> learner or sink
-    episode_queue: faster_fifo.Queue  # lists of (return, length, true objective): rollout workers -> runner
+    # One per policy: indices of its full trajectories, rollout workers -> its learner (or the sink).
+    traj_queues: List[faster_fifo.Queue]
+    episode_queue: faster_fifo.Queue  # lists of (return, length, true objective, policy): rollout workers -> runner
     metrics_queue: faster_fifo.Queue  # dicts of loss statistics: learner -> runner
     request_queue: faster_fifo.Queue  # (worker, split, buffer, t, epoch) wanting actions: rollout -> policy workers
     response_queues: List[faster_fifo.Queue]  # one per rollout worker: (split, buffer, t) whose actions are written
@@ -51,3 +53,6 @@ class SharedContext:
     # A multi-rank run's counters summed over the ranks, and whether the ranks agreed
     # to stop: the learner writes, the runner and evaluator read. None in a run of one.
     totals: Optional[RunTotals] = None
+    # Each policy's hyperparameters under population-based training: the runner
+    # writes, the learners take. None without --with_pbt.
+    hyper: Optional[SharedHyper] = None

@@ -34,6 +34,13 @@ FIELDS = (
 _COL = {name: i for i, name in enumerate(FIELDS)}
 
 
+def learner_row(policy: int) -> str:
+    """The board row of policy `policy`'s learner: 'learner' for the first (the only
+    one in a run of one policy), 'learner_<k>' for the others, so that a counter
+    summed over the rows that start with 'learner' counts every policy's."""
+    return "learner" if policy == 0 else f"learner_{policy}"
+
+
 def per_second(amount: float, seconds: float) -> float:
     """A rate from two readings of a counter: `amount` gained over `seconds`. A span of
     no length (the first report, a run that ended at once) reads as a tiny one rather

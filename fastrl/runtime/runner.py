@@ -48,6 +48,7 @@ from fastrl.config import (
     save_config,
     validate,
 )
+from fastrl.learning import pbt
 from fastrl.learning.checkpoint import (
     CheckpointError,
     RefusedCheckpointError,
@@ -61,6 +62,7 @@ from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, learner_main
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
+from fastrl.plumbing.hyper import SharedHyper
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import (
     continue_descendants,
@@ -73,10 +75,11 @@ from fastrl.plumbing.proc import (
 from fastrl.plumbing.queue_locks import QueueLockWatch
 from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
-from fastrl.plumbing.stats_board import StatsBoard, per_second
+from fastrl.plumbing.stats_board import StatsBoard, learner_row, per_second
 from fastrl.plumbing.timeline import mark
 from fastrl.presets import preset_for_actions
 from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
+from fastrl.runtime.population import PopulationDriver
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
 from fastrl.sampling.policy_worker import policy_worker_main
@@ -95,6 +98,18 @@ PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process se
 PROFILE_CAP_S = 6.0
 LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
 POLL_S = 0.05
+# A learner's statistics shown per policy beside the run's (policy 0's) full set.
+POLICY_STATS = ("entropy", "approx_kl", "explained_variance", "lr")
+
+
+def learner_name(policy: int) -> str:
+    """The process name of policy `policy`'s learner: 'learner' for the first (the
+    only one in a run of one policy), 'learner <k>' for the others."""
+    return "learner" if policy == 0 else f"learner {policy}"
+
+
+def is_learner(name: str) -> bool:
+    return name == "learner" or name.startswith("learner ")
 
 
 def exit_cause(exitcode) -> str:
@@ -219,8 +234,9 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
 def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     """Everything that can refuse the run, done before any process starts, the
     precision and the plan. Returns (cfg with the action space's presets and the
-    plan applied, plan, spec, obs_space, action_space, model, checkpoint_state,
-    checkpoint_path, precision);
+    plan applied, plan, spec, obs_space, action_space, models, checkpoint_states,
+    checkpoint_paths, precision), the last three lists with one entry per policy
+    (a state and path of None where a policy starts afresh);
     cfg.precision stays as given (auto is decided again on the machine a resumed
     run starts on, and config.json keeps it so). Nothing is written before the last
     check: a refused run leaves the experiment as it found it, and --restart
@@ -233,16 +249,17 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     if cfg.restart and rank.restarts:
         cfg = dataclasses.replace(cfg, restart=False)
     spec = check_env_and_options(cfg, writes=rank.main)
-    ckpt_dir = checkpoint_dir(cfg)
-    if os.path.lexists(ckpt_dir) and not os.path.isdir(ckpt_dir):
-        raise ConfigError(f"{ckpt_dir} is not a folder, but the experiment keeps its checkpoints there; "
+    if rank.distributed and cfg.num_policies > 1:
+        raise ConfigError(f"--num_policies {cfg.num_policies} is not supported under torchrun yet; train several "
+                          "policies on one machine without torchrun, or one policy with it.")
+    ckpt_root = os.path.join(cfg.experiment_dir, "checkpoints")
+    if os.path.lexists(ckpt_root) and not os.path.isdir(ckpt_root):
+        raise ConfigError(f"{ckpt_root} is not a folder, but the experiment keeps its checkpoints there; "
                           "move it away or choose another --experiment.")
-    try:
-        state, path = (None, None) if cfg.restart else load_latest_checkpoint(ckpt_dir)
-    except RefusedCheckpointError as err:
-        raise ConfigError(f"{err}; fastrl writes no such file, so delete it or pass --restart to start over.") from None
-    except CheckpointError as err:  # every checkpoint is damaged
-        raise ConfigError(f"{err}; pass --restart to start over.") from None
+    if not cfg.restart:
+        _check_policy_count(cfg, ckpt_root)
+    states, paths = zip(*[_latest_checkpoint(cfg, k) for k in range(cfg.num_policies)])
+    state, path = states[0], paths[0]  # policy 0's: the run's frames and env
     if state is not None and state.get("env") != cfg.env:
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
@@ -284,8 +301,11 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
         except ConfigError as err:
             raise ConfigError(f"The plan does not fit these options: {err}") from None
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, obs_space, action_space)
-    if state is not None:
+    # One model per policy, each with its own initial weights (the generator moves on).
+    models = [build_model(cfg, obs_space, action_space) for _ in range(cfg.num_policies)]
+    for model, state, path in zip(models, states, paths):
+        if state is None:
+            continue
         try:
             model.load_state_dict(state["model"])
         except (RuntimeError, KeyError) as err:
@@ -293,9 +313,38 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
             raise ConfigError(
                 f"The checkpoint {path} does not fit this model ({first}); use the same model options "
                 "as when it was trained, or pass --restart to start over.") from None
-    if cfg.restart and rank.main and os.path.isdir(ckpt_dir):
-        shutil.rmtree(ckpt_dir)
-    return cfg, plan, spec, obs_space, action_space, model, state, path, precision
+    if cfg.restart and rank.main and os.path.isdir(ckpt_root):
+        shutil.rmtree(ckpt_root)
+    return cfg, plan, spec, obs_space, action_space, models, list(states), list(paths), precision
+
+
+def _latest_checkpoint(cfg: Config, policy: int):
+    """(state, path) of policy `policy`'s newest good checkpoint, (None, None) when it
+    has none or the run restarts; a refused or damaged one is a ConfigError."""
+    if cfg.restart:
+        return None, None
+    try:
+        return load_latest_checkpoint(checkpoint_dir(cfg, policy))
+    except RefusedCheckpointError as err:
+        raise ConfigError(f"{err}; fastrl writes no such file, so delete it or pass --restart to start over.") from None
+    except CheckpointError as err:  # every checkpoint is damaged
+        raise ConfigError(f"{err}; pass --restart to start over.") from None
+
+
+def _check_policy_count(cfg: Config, ckpt_root: str) -> None:
+    """Refuse to resume an experiment with another number of policies than it was
+    trained with: each policy's checkpoints sit in their own folder, so the run
+    would otherwise start afresh beside them without a word."""
+    if not os.path.isdir(ckpt_root):
+        return
+    names = os.listdir(ckpt_root)
+    folders = sorted(n for n in names if n.startswith("policy_") and os.path.isdir(os.path.join(ckpt_root, n)))
+    single = any(n.startswith("checkpoint_") for n in names)
+    trained = len(folders) if folders else (1 if single else None)
+    if trained is not None and trained != cfg.num_policies:
+        what = "1 policy" if trained == 1 else f"{trained} policies"
+        raise ConfigError(f"The experiment {cfg.experiment_dir} trained {what}; pass --num_policies {trained} "
+                          f"to resume it, or --restart to start over with {cfg.num_policies}.")
 
 
 def shared_options(cfg: Config) -> dict:
@@ -318,8 +367,9 @@ class Runner:
                  earlier: Optional[Earlier] = None, rank: Rank = SOLO):
         self.learn, self.rank = learn, rank
         self.earlier = earlier or Earlier()
-        (cfg, self.plan, self.spec, self.obs_space, self.action_space, model, state,
-         self.resume_path, self.precision) = prepare_experiment(cfg, explicit or set(), rank)
+        (cfg, self.plan, self.spec, self.obs_space, self.action_space, models, states,
+         self.resume_paths, self.precision) = prepare_experiment(cfg, explicit or set(), rank)
+        self.resume_path, state = self.resume_paths[0], states[0]  # policy 0's stands for the run
         self.cfg = cfg
         if rank.main:
             os.makedirs(cfg.experiment_dir, exist_ok=True)
@@ -330,12 +380,12 @@ class Runner:
         self.device = resolve_device(cfg)
         if rank.distributed and self.device == "cuda":  # a GPU of its own for each rank, where there are enough
             self.device = f"cuda:{rank.local_rank % torch.cuda.device_count()}"
-        self.version0 = int(state["version"]) if state else 0
+        self.versions0 = [int(s["version"]) if s else 0 for s in states]
         self.frames_offset = int(state.get("env_frames", 0)) if state else 0
         self.mp = start_process_server()  # torch.multiprocessing is imported: tensors pickle as shared memory
         self.adapt = cfg.adapt and "learner_threads" not in (explicit or set())
         self.adapter = ThreadAdapter(None, cfg.num_workers, usable_cores(), cfg.learner_threads or cfg.torch_threads)
-        self.ctx = self._build_context(model)
+        self.ctx = self._build_context(models)
         mark("shared context built")
         self.adapter.board = self.ctx.board
         self.processes: list = []
@@ -343,6 +393,10 @@ class Runner:
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
         self.returns100 = self.earlier.returns100
         self.objectives100 = self.earlier.objectives100
+        # Each policy's own, with several: what the status line and PBT judge them by.
+        self.policy_returns100 = [collections.deque(maxlen=100) for _ in range(cfg.num_policies)]
+        self.policy_objectives100 = [collections.deque(maxlen=100) for _ in range(cfg.num_policies)]
+        self.population = PopulationDriver(cfg, self.ctx.hyper, self.say) if cfg.with_pbt and self.learn else None
         self.episodes = self.earlier.episodes
         self.learner_death: Optional[str] = None  # its cause, when the learner's death ended this run
         self.reached_reward_at: Optional[float] = None
@@ -350,6 +404,7 @@ class Runner:
         # winds down still move the mean the summary reports at exit.
         self.reached_reward_mean: Optional[float] = None
         self.metrics: dict = {}
+        self.policy_metrics: dict = {}  # policy -> its learner's latest statistics, policies 1 and up
         self.drift = DriftWatch(cfg.exploration_loss)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.last_eval: Optional[dict] = None
@@ -361,14 +416,16 @@ class Runner:
         self._last_report = 0.0
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds, cfg.max_worker_restarts)
 
-    def _build_context(self, model) -> SharedContext:
+    def _build_context(self, models: list) -> SharedContext:
         cfg = self.cfg
         action_spec = ActionSpec.from_space(self.action_space)
         buffers = TrajectoryBuffers(cfg.total_buffers, cfg.rollout, cfg.envs_per_split, obs_layout(self.obs_space),
-                                    action_spec.action_dim, action_spec.dtype, model.rnn_state_size)
-        params = SharedParams(flat_state_size(model))
-        params.publish(flat_state(model), self.version0)
-        rows = ["runner", "learner"] + [f"policy_{i}" for i in range(self._num_policy_workers())] \
+                                    action_spec.action_dim, action_spec.dtype, models[0].rnn_state_size)
+        params = [SharedParams(flat_state_size(model)) for model in models]
+        for p, model, version in zip(params, models, self.versions0):
+            p.publish(flat_state(model), version)
+        rows = ["runner"] + [learner_row(k) for k in range(cfg.num_policies)] \
+            + [f"policy_{i}" for i in range(self._num_policy_workers())] \
             + [f"rollout_{i}" for i in range(cfg.num_workers)]
         free_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
         free_queue.put_many(list(range(cfg.total_buffers)), block=False)  # empty and sized for them all
@@ -376,7 +433,7 @@ class Runner:
             obs_space=self.obs_space, action_space=self.action_space, action_spec=action_spec,
             buffers=buffers, params=params, board=StatsBoard(rows), stop=StopFlag(),
             free_queue=free_queue,
-            traj_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
+            traj_queues=[faster_fifo.Queue(max_size_bytes=1_000_000) for _ in range(cfg.num_policies)],
             episode_queue=faster_fifo.Queue(max_size_bytes=5_000_000),
             metrics_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
             request_queue=faster_fifo.Queue(max_size_bytes=1_000_000),
@@ -388,12 +445,14 @@ class Runner:
             learner_threads=self.adapter.target,
             precision=self.precision,
             totals=RunTotals() if self.rank.distributed else None,
+            hyper=SharedHyper(cfg.num_policies, pbt.HYPERPARAMETERS) if cfg.with_pbt else None,
         )
 
     def queues(self) -> dict:
         """Every queue of the run, by the name the lock watch gives it."""
         ctx = self.ctx
-        return {"free-buffer": ctx.free_queue, "trajectory": ctx.traj_queue, "episode": ctx.episode_queue,
+        trajectories = {("trajectory" if k == 0 else f"trajectory {k}"): q for k, q in enumerate(ctx.traj_queues)}
+        return {"free-buffer": ctx.free_queue, **trajectories, "episode": ctx.episode_queue,
                 "metrics": ctx.metrics_queue, "request": ctx.request_queue, "error": self.error_queue,
                 "evaluation": self.eval_queue, **{f"response {i}": q for i, q in enumerate(ctx.response_queues)}}
 
@@ -428,8 +487,9 @@ class Runner:
     def start(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         if self.learn:
-            self._spawn("learner", learner_main, cfg, ctx, self.device, self.resume_path, self.frames_offset,
-                        self.rank, shared_options(cfg), threads=cfg.learner_threads)
+            for k in range(cfg.num_policies):
+                self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, self.resume_paths[k],
+                            self.frames_offset, self.rank, shared_options(cfg), k, threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
@@ -463,7 +523,7 @@ class Runner:
         then leaves as a running one does."""
         self.ctx.stop.set()
         continue_descendants()
-        deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if p.name == "learner" else JOIN_TIMEOUT_S)
+        deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if is_learner(p.name) else JOIN_TIMEOUT_S)
                     for p in self.processes}
         for p in self.processes:
             p.join(max(0.0, deadline[p] - time.time()))
@@ -496,18 +556,26 @@ class Runner:
             except queue.Empty:
                 break
             for batch in batches:
-                for ret, _length, objective in batch:
+                for ret, _length, objective, policy in batch:
                     self.returns100.append(ret)
+                    self.policy_returns100[policy].append(ret)
                     if not math.isnan(objective):
                         self.objectives100.append(objective)
+                        self.policy_objectives100[policy].append(objective)
                     self.episodes += 1
         self.ctx.board.row("runner").set("episodes", self.episodes)
-        if (self.reached_reward_at is None and self.cfg.stop_at_reward is not None
-                and len(self.returns100) == self.returns100.maxlen and self.mean_return() >= self.cfg.stop_at_reward):
-            self.reached_reward_at = time.time() - start
-            self.reached_reward_mean = self.mean_return()
+        if self.reached_reward_at is None and self.cfg.stop_at_reward is not None:
+            # With several policies, the best one's: their episodes mixed would judge none of them.
+            windows = [self.returns100] if self.cfg.num_policies == 1 else self.policy_returns100
+            full = [sum(w) / len(w) for w in windows if len(w) == w.maxlen]
+            if full and max(full) >= self.cfg.stop_at_reward:
+                self.reached_reward_at = time.time() - start
+                self.reached_reward_mean = max(full)
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
+                if m.get("policy", 0) != 0:
+                    self.policy_metrics[m["policy"]] = m  # policy 0's stand for the run, as in a run of one
+                    continue
                 self.metrics.update(m)
                 if ALLOCATOR_KEY in m:
                     self.say(f"the learner's caching allocator is off: {m[ALLOCATOR_KEY]}; it uses torch's own, "
@@ -598,7 +666,30 @@ class Runner:
                 f" | return(100) {self.mean_return():.2f} | episodes {int(self.count('episodes')):,}")
         if self.objectives100:
             line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
+        if self.cfg.num_policies > 1:
+            line += " | by policy " + " / ".join(_mean_text(q) for q in self.policy_objective_or_return())
         return line + self._progress(elapsed, fps)
+
+    def policy_objective_or_return(self) -> list:
+        """Each policy's last 100 true objectives where its env reports them, else its
+        last 100 returns: what the policies are compared by."""
+        return [o if o else r for o, r in zip(self.policy_objectives100, self.policy_returns100)]
+
+    def policy_scalars(self) -> dict:
+        """Each policy's own figures for TensorBoard and W&B, with several policies."""
+        out = {}
+        for k, (returns, objectives) in enumerate(zip(self.policy_returns100, self.policy_objectives100)):
+            row = learner_row(k)
+            if returns:
+                out[f"policy_{k}/return_100"] = sum(returns) / len(returns)
+            if objectives:
+                out[f"policy_{k}/objective_100"] = sum(objectives) / len(objectives)
+            out[f"policy_{k}/learner_steps"] = self.ctx.board.get(row, "learner_steps")
+            out[f"policy_{k}/samples_trained"] = self.ctx.board.get(row, "samples_trained")
+            out[f"policy_{k}/lag_mean"] = self.ctx.board.get(row, "lag_mean")
+            stats = self.metrics if k == 0 else self.policy_metrics.get(k, {})
+            out.update({f"policy_{k}/{name}": stats[name] for name in POLICY_STATS if name in stats})
+        return out
 
     def _progress(self, elapsed: float, fps: float) -> str:
         """' | [####......] 40% ETA 1m05s' toward the frame or time budget (whichever is
@@ -668,7 +759,7 @@ class Runner:
         failure = self._check_children()
         if failure:
             then = "stopping the run"
-            if failure.who == "learner":
+            if is_learner(failure.who):
                 self.learner_death = failure.cause
                 if self.restarts_left() > 0:
                     then = "stopping the run to restart it from its newest good checkpoint"
@@ -698,6 +789,16 @@ class Runner:
         """The status line and its scalars, drift warnings (rank 0), and the thread
         adapter's turn, which judges the window since the last report (every rank)."""
         frames = self.env_frames() + self.frames_offset
+        if self.population is not None:
+            steps_per_policy = frames / self.spec.frameskip / self.cfg.num_policies
+            events = self.population.update(steps_per_policy, [sum(q) / len(q) if q else None
+                                                               for q in self.policy_objective_or_return()])
+            for e in events:  # a replaced policy is judged from here on by its new weights' episodes
+                self.policy_returns100[e["policy"]].clear()
+                self.policy_objectives100[e["policy"]].clear()
+            monitor.log(frames, elapsed, self.population.scalars())
+        if self.cfg.num_policies > 1 and self.rank.main:
+            monitor.log(frames, elapsed, self.policy_scalars())
         if self.rank.main:
             line = self.status_line(elapsed, self._window)
             print(line, flush=True)
@@ -763,6 +864,13 @@ class Runner:
             "learner_restarts": self.earlier.learner_restarts,
             COMPILE_KEY: self.metrics.get(COMPILE_KEY),
         }
+        if self.cfg.num_policies > 1:
+            summary["policies"] = [
+                {"policy": k, "mean_return_100": _mean(r), "mean_objective_100": _mean(o),
+                 "learner_steps": self.ctx.board.get(learner_row(k), "learner_steps"),
+                 "samples_trained": self.ctx.board.get(learner_row(k), "samples_trained"),
+                 "hyperparameters": self.population.population.hyper[k] if self.population else None}
+                for k, (r, o) in enumerate(zip(self.policy_returns100, self.policy_objectives100))]
         if self.rank.distributed:
             summary["ranks"] = {
                 "world_size": self.rank.world_size,
@@ -780,6 +888,14 @@ class Runner:
             env_restarts=self.earlier.env_restarts + self.count("env_restarts"),
             trajectories_discarded=self.earlier.trajectories_discarded + self.count("trajectories_discarded"),
             episodes=self.episodes, returns100=self.returns100, objectives100=self.objectives100)
+
+
+def _mean(values) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def _mean_text(values) -> str:
+    return f"{sum(values) / len(values):.2f}" if values else "-"
 
 
 def train(cfg: Config, explicit: set, rank: Rank = SOLO) -> int:

@@ -18,9 +18,13 @@ def sink_main(cfg, ctx: SharedContext) -> None:
     while not ctx.stop.is_set():
         row.beat()
         with timer("wait_s"):
-            try:
-                indices = get_many_polling(ctx.traj_queue, QUEUE_TIMEOUT_S)
-            except queue.Empty:
+            indices = []
+            for q in ctx.traj_queues:  # one per policy
+                try:
+                    indices += get_many_polling(q, QUEUE_TIMEOUT_S / len(ctx.traj_queues))
+                except queue.Empty:
+                    pass
+            if not indices:
                 continue
         with timer("comm_s"):
             put_many_polling(ctx.free_queue, indices, 10.0)

@@ -17,20 +17,21 @@ from fastrl.plumbing.stats_board import BoardRow
 
 
 class PolicyCopy:
-    """A read-only copy of the learner's model on `device`."""
+    """A read-only copy of one policy's model (its learner's) on `device`."""
 
-    def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu"):
+    def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu", policy: int = 0):
         self.ctx, self.row = ctx, row
+        self.params = ctx.params[policy]
         self.device = torch.device(device)
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.acting).to(self.device)
         self.model.eval()
         self.rnn_size = self.model.rnn_state_size
-        self._flat = torch.zeros_like(ctx.params.flat)
+        self._flat = torch.zeros_like(self.params.flat)
         self.version = -1
         self.refresh()
 
     def refresh(self) -> None:
-        version = self.ctx.params.read_if_newer(self.version, self._flat)
+        version = self.params.read_if_newer(self.version, self._flat)
         if version != self.version:
             load_flat_state(self.model, self._flat.to(self.device))
             self.version = version

@@ -1,6 +1,8 @@
 """Policy worker process: gathers whatever action requests are waiting, runs one
 batched forward over their observations (read in place from the trajectory
-buffers), writes actions back, and tells each rollout worker its split is ready."""
+buffers), writes actions back, and tells each rollout worker its split is ready.
+With several policies, one forward per policy that has requests waiting, each
+with that policy's newest weights."""
 from __future__ import annotations
 
 import queue
@@ -19,9 +21,7 @@ QUEUE_TIMEOUT_S = 0.1
 def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None:
     row = ctx.board.row(f"policy_{index}")
     timer = Timer(row)
-    policy = PolicyCopy(cfg, ctx, row, device)
-    b = ctx.buffers
-    n = cfg.envs_per_split
+    policies = [PolicyCopy(cfg, ctx, row, device, policy=k) for k in range(cfg.num_policies)]
     wait_s = cfg.inference_batch_wait_ms / 1000.0
     # The supervisor started this worker after every older one died; a request sent
     # before that is stale, and its sender re-sends it (inference.RemotePolicy).
@@ -44,18 +44,28 @@ def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None
             requests = [r[:4] for r in requests if r[4] == epoch]
             if not requests:
                 continue
-        with timer("comm_s"):
-            obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}
-            rnn = torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests])
-        with timer("busy_s"):
-            out = policy.act(obs, rnn)
-        with timer("comm_s"):
-            actions, logp, values, rnn_out = out.actions.cpu(), out.logp.cpu(), out.values.cpu(), out.rnn_state.cpu()
-            for i, (w, s, buf, t) in enumerate(requests):
-                rows = slice(i * n, (i + 1) * n)
-                b.actions[buf, t] = actions[rows]
-                b.behaviour_logp[buf, t] = logp[rows]
-                b.behaviour_value[buf, t] = values[rows]
-                b.policy_version[buf, t] = policy.version
-                ctx.rnn_states[w][s] = rnn_out[rows]
-                put_many_polling(ctx.response_queues[w], [(s, buf, t)], 10.0)
+        for k, policy in enumerate(policies):
+            mine = [r for r in requests if cfg.policy_of_split(r[1]) == k]
+            if mine:
+                _answer(cfg, ctx, policy, mine, timer)
+
+
+def _answer(cfg, ctx: SharedContext, policy: PolicyCopy, requests: list, timer: Timer) -> None:
+    """One batched forward of `policy` over these (worker, split, buffer, t) requests,
+    its outputs written into the buffers and each worker told."""
+    b, n = ctx.buffers, cfg.envs_per_split
+    with timer("comm_s"):
+        obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}
+        rnn = torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests])
+    with timer("busy_s"):
+        out = policy.act(obs, rnn)
+    with timer("comm_s"):
+        actions, logp, values, rnn_out = out.actions.cpu(), out.logp.cpu(), out.values.cpu(), out.rnn_state.cpu()
+        for i, (w, s, buf, t) in enumerate(requests):
+            rows = slice(i * n, (i + 1) * n)
+            b.actions[buf, t] = actions[rows]
+            b.behaviour_logp[buf, t] = logp[rows]
+            b.behaviour_value[buf, t] = values[rows]
+            b.policy_version[buf, t] = policy.version
+            ctx.rnn_states[w][s] = rnn_out[rows]
+            put_many_polling(ctx.response_queues[w], [(s, buf, t)], 10.0)

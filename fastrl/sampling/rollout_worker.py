@@ -102,7 +102,7 @@ class RolloutWorker:
             carry_obs = {k: v[old, self.T].clone() for k, v in b.obs.items()}
             carry_start = b.episode_start[old, self.T].clone()
             self.ctx.held_buffers.set(self.index, s, -1)
-            put_many_polling(self.ctx.traj_queue, [old], 10.0)
+            put_many_polling(self.ctx.traj_queues[self.cfg.policy_of_split(s)], [old], 10.0)
         new = self._take_free_buffer()
         if new is None:
             return False
@@ -134,7 +134,8 @@ class RolloutWorker:
             return
         self._last_flush = now
         self.row.beat()
-        done = [ep for split in self.splits for ep in split.drain_finished()]
+        done = [(*ep, self.cfg.policy_of_split(s))  # (return, length, objective, policy)
+                for s, split in enumerate(self.splits) for ep in split.drain_finished()]
         if done:
             try:
                 self.ctx.episode_queue.put(done, block=False)
@@ -169,14 +170,17 @@ class RolloutWorker:
                 split.close()
 
     def _run_local(self) -> None:
-        policy = LocalPolicy(self.cfg, self.ctx, self.row)
+        cfg = self.cfg
+        # One copy of each policy's model; split s acts with policy_of_split(s)'s.
+        policies = [LocalPolicy(cfg, self.ctx, self.row, policy=k) for k in range(cfg.num_policies)]
+        acting = [policies[cfg.policy_of_split(s)] for s in range(len(self.splits))]
         b = self.ctx.buffers
-        rnn = [torch.zeros(self.cfg.envs_per_split, policy.rnn_size) for _ in self.splits]
+        rnn = [torch.zeros(cfg.envs_per_split, policies[0].rnn_size) for _ in self.splits]
         while not self.ctx.stop.is_set():
             for s in range(len(self.splits)):
                 buf, t = self.buf[s], self.t[s]
                 with self.timer("busy_s"):
-                    rnn[s] = policy.act_into(buf, t, rnn[s] * ~b.episode_start[buf, t, :, None])
+                    rnn[s] = acting[s].act_into(buf, t, rnn[s] * ~b.episode_start[buf, t, :, None])
                 self._step_envs(s)
                 if not self._advance(s, rnn[s]):
                     return

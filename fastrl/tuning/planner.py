@@ -20,6 +20,12 @@ lets the kernel give the learner the share of the cores TR_C assumes. Lag: a
 trajectory of T steps takes T * W * E / trained seconds to fill while the
 learner takes trained / batch steps per second, so a sample is W * E * T / batch
 learner steps old at most.
+
+With N policies (--num_policies) there are N learners, each on its own 1/N of the
+samples: TR_L is N times one learner's (if the cores allow, which TR_C says), a
+worker has max(its splits, N) env groups, and the lag counts the W * E / N envs of
+one policy. N learners are N more busy processes: on a machine with few cores TR_C
+is then the limit, and the plan line says what each policy gets.
 """
 from __future__ import annotations
 
@@ -116,17 +122,18 @@ def _inference_costs(costs: Costs, workers: int, envs: int, inference: str) -> t
 
 
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-            epochs: int, rollout: int, batch: int) -> dict:
-    """Predicted rates (agent steps/s) and lag of one layout; see the module doc."""
+            epochs: int, rollout: int, batch: int, policies: int = 1) -> dict:
+    """Predicted rates (agent steps/s, all policies together) and lag of one layout;
+    see the module doc."""
     forward, comm = _inference_costs(costs, workers, envs, inference)
     if inference == "local":
         production = workers / (costs.env_s + forward)
-        processes = workers + 1
+        processes = workers + policies
     else:
         production = min(workers / costs.env_s, policy_workers / (forward + comm))
-        processes = workers + policy_workers + 1
+        processes = workers + policy_workers + policies
     learn_wall = epochs * costs.train(learner_threads)
-    consumption = 1.0 / learn_wall
+    consumption = policies / learn_wall
     cores = costs.cores / (costs.env_s + forward + comm + learner_threads * learn_wall)
     trained = min(production, consumption, cores)
     if trained == consumption:
@@ -141,14 +148,15 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
         "consumption_steps_per_s": consumption,
         "cores_steps_per_s": cores,
         "trained_steps_per_s": trained,
-        "lag_max_learner_steps": workers * envs * rollout / batch + 1,
+        "lag_max_learner_steps": workers * envs * rollout / (policies * batch) + 1,
         "processes": processes,
         "bottleneck": bottleneck,
+        "policies": policies,
     }
 
 
 def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-                epochs: int) -> int:
+                epochs: int, policies: int = 1) -> int:
     """The least niceness of the rollout workers at which Linux's fair share gives
     the learner the part of the cores the cost model has it need.
 
@@ -163,14 +171,15 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     less than it is allowed loses nothing. Returns 0 when every process has a
     core of its own."""
     pw = policy_workers if inference == "policy_worker" else 0
-    if workers + pw + learner_threads <= costs.cores:
+    learners = policies * learner_threads  # threads of all the learners
+    if workers + pw + learners <= costs.cores:
         return 0
     forward, comm = _inference_costs(costs, workers, envs, inference)
     learn = learner_threads * epochs * costs.train(learner_threads)
-    need = min(learner_threads, costs.cores * learn / (costs.env_s + forward + comm + learn))
+    need = min(learners, costs.cores * learn / (costs.env_s + forward + comm + learn))
     for nice in range(MAX_WORKER_NICE + 1):
-        weight = NICE_STEP ** -nice  # the learner's threads and policy workers weigh 1 each
-        share = costs.cores * learner_threads / (learner_threads + pw + workers * weight)
+        weight = NICE_STEP ** -nice  # the learners' threads and policy workers weigh 1 each
+        share = costs.cores * learners / (learners + pw + workers * weight)
         if share >= need:
             return nice
     return MAX_WORKER_NICE
@@ -182,7 +191,8 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
-    splits_of = {"local": 1, "policy_worker": 2}
+    policies = cfg.num_policies
+    splits_of = {"local": max(1, policies), "policy_worker": max(2, policies)}
     candidates = []
     max_workers = max(1, 2 * costs.cores)
     for inference in allowed("inference", ["local", "policy_worker"]):
@@ -198,7 +208,7 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                                       else sorted(t for t in costs.train_s if t <= costs.cores))
                     for threads in thread_options:
                         p = predict(costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
-                                    cfg.rollout, cfg.batch_size)
+                                    cfg.rollout, cfg.batch_size, policies)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
                             continue
                         candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
@@ -230,9 +240,10 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     c = min(good, key=preference)
     splits = splits_of[c.inference]
     per_buffer = cfg.rollout * c.envs // splits
-    buffers = cfg.num_buffers if "num_buffers" in explicit else c.workers * splits + 2 * (cfg.batch_size // per_buffer)
+    buffers = cfg.num_buffers if "num_buffers" in explicit else \
+        c.workers * splits + (policies + 1) * (cfg.batch_size // per_buffer)
     nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
-        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs)
+        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies)
     return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
                 num_policy_workers=c.policy_workers if c.inference == "policy_worker" else cfg.num_policy_workers,
                 learner_threads=c.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)
@@ -252,7 +263,21 @@ def describe(plan: Plan, frameskip: int) -> str:
             f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
             f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, "
             f"cores {p['cores_steps_per_s'] * frameskip:,.0f}; "
-            f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps")
+            f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps"
+            + _per_policy(p, frameskip))
+
+
+def _per_policy(p: dict, frameskip: int) -> str:
+    """With several policies, what each gets and what bounds it, in plain words."""
+    n = p.get("policies", 1)
+    if n == 1:
+        return ""
+    each = p["trained_steps_per_s"] * frameskip / n
+    if p["bottleneck"] == "learner" or p["cores_steps_per_s"] > p["consumption_steps_per_s"]:
+        why = "every learner has the cores it needs"
+    else:
+        why = f"the {n} learners and the actors share {p['processes']} busy processes' worth of work on the cores"
+    return f"; {n} policies, each trained at ~{each:,.0f} env frames/s ({why})"
 
 
 def save(plan: Plan, experiment_dir: str) -> str:

@@ -1,0 +1,84 @@
+"""Several policies in one run (--num_policies) and population-based training over
+them (--with_pbt), as a user runs them: `python -m fastrl.train` on CartPole-v1."""
+import json
+import os
+
+import pytest
+from helpers import TrainRun, read_summary
+
+from fastrl.config import Config
+from fastrl.learning import pbt
+from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint
+
+SMALL = ["--env", "CartPole-v1", "--plan", "off", "--num_workers", "1", "--num_envs_per_worker", "16",
+         "--batch_size", "256", "--status_every_seconds", "1"]
+RANDOM_RETURN = 22  # CartPole-v1's mean return under a uniform random policy
+
+
+def policy_states(train_dir, experiment, policies):
+    cfg = Config(env="CartPole-v1", train_dir=str(train_dir), experiment=experiment, num_policies=policies)
+    return [load_latest_checkpoint(checkpoint_dir(cfg, k))[0] for k in range(policies)]
+
+
+@pytest.mark.parametrize("inference", ["local", pytest.param("policy_worker", marks=pytest.mark.slow)])
+def test_two_policies_both_learn_keep_their_own_checkpoints_and_resume(tmp_path, inference):
+    args = [*SMALL, "--inference", inference, "--num_policies", "2", "--train_dir", str(tmp_path)]
+    run = TrainRun([*args, "--train_for_env_frames", "160000"])
+    assert run.wait(timeout=240) == 0, run.output()
+    assert "by policy" in run.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    # Each learner trained on its own half of the envs, and each policy learned.
+    for k, policy in enumerate(summary["policies"]):
+        assert policy["policy"] == k and policy["learner_steps"] > 10, summary["policies"]
+        assert policy["mean_return_100"] > 3 * RANDOM_RETURN, summary["policies"]
+    states = policy_states(tmp_path, "CartPole-v1", 2)
+    assert all(s is not None and s["version"] > 10 for s in states)
+    assert states[0]["model"]["policy_head.weight"].ne(states[1]["model"]["policy_head.weight"]).any()
+    assert run.leftover_processes() == [] and run.new_shm_entries() == set()
+
+    again = TrainRun([*args, "--train_for_env_frames", "200000"])
+    assert again.wait(timeout=180) == 0, again.output()
+    resumed = policy_states(tmp_path, "CartPole-v1", 2)
+    for before, after in zip(states, resumed):
+        assert after["version"] > before["version"] and after["env_frames"] > before["env_frames"]
+
+    wrong = TrainRun([*SMALL, "--num_policies", "4", "--train_dir", str(tmp_path)])
+    assert wrong.wait(timeout=60) == 2
+    assert "trained 2 policies; pass --num_policies 2 to resume it" in wrong.output()
+    assert "Traceback" not in wrong.output()
+
+
+def test_pbt_replaces_the_worst_policy_logs_it_and_replays_the_log_on_resume(tmp_path):
+    args = [*SMALL, "--num_policies", "4", "--with_pbt", "true", "--pbt_period_env_steps", "15000",
+            "--train_dir", str(tmp_path)]
+    run = TrainRun([*args, "--train_for_env_frames", "150000"])
+    assert run.wait(timeout=240) == 0, run.output()
+    log = pbt.read_log(str(tmp_path / "CartPole-v1" / pbt.LOG_NAME))
+    starts = [e for e in log if e["round"] == 0]
+    assert [e["policy"] for e in starts] == [1, 2, 3]  # policy 0 keeps the configured values
+    rounds = [e for e in log if e["round"] > 0]
+    assert rounds, run.output()  # CartPole's policies part ways within a few periods
+    for e in rounds:
+        assert e["copied_from"] != e["policy"] and e["source_objective"] > e["objective"]
+        assert all(pbt.BOUNDS[k][0] <= v <= pbt.BOUNDS[k][1] for k, v in e["hyper"].items())
+    assert f"PBT round {rounds[0]['round']}: policy {rounds[0]['policy']}" in run.output()
+    summary = read_summary(tmp_path, "CartPole-v1")
+    for k in range(4):  # each policy ends with its last event's hyperparameters
+        last = [e for e in log if e["policy"] == k]
+        if last:
+            assert summary["policies"][k]["hyperparameters"] == last[-1]["hyper"]
+
+    again = TrainRun([*args, "--train_for_env_frames", "170000"])
+    assert again.wait(timeout=180) == 0, again.output()
+    assert f"the population as {tmp_path / 'CartPole-v1' / pbt.LOG_NAME} left it" in again.output()
+    assert not any(line.startswith("fastrl: PBT: policy") for line in again.output().splitlines())
+    replayed = read_summary(tmp_path, "CartPole-v1")["policies"]
+    later = pbt.read_log(str(tmp_path / "CartPole-v1" / pbt.LOG_NAME))
+    assert later[:len(log)] == log  # the log only grows
+    for k in range(4):
+        mine = [e for e in later if e["policy"] == k]
+        if mine:
+            assert replayed[k]["hyperparameters"] == mine[-1]["hyper"]
+    with open(tmp_path / "CartPole-v1" / "config.json") as fh:
+        assert json.load(fh)["with_pbt"] is True
+    assert os.path.isdir(tmp_path / "CartPole-v1" / "checkpoints" / "policy_3")
