@@ -1,0 +1,90 @@
+"""What training several policies at once costs, and what population-based training buys.
+
+    python benchmarks/several_policies.py [--env doom_basic] [--frames 2000000] [--policies 4] [--seeds 0]
+                                          [train options...]
+
+Trains `--env` for the same env-frame budget with one policy and with `--policies`
+policies under `--with_pbt true`, alternating per seed so that both see the same
+machine load, and prints for each run: env frames/s from launch and trained env
+frames/s from the first trained batch on (summary.json), and the return of the best
+policy (the mean of its last 100 episodes; for one policy, its own). The cost of P
+policies is the ratio of their frames/s to one policy's, measured in the same session.
+Extra options (after the known ones) go to both runs; `--pbt_period_env_steps`
+defaults here to a tenth of each policy's share of the budget, so that a run sees
+about ten rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import psutil
+from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+
+
+def run_once(env: str, policies: int, frames: int, seed: int, train_args: list) -> dict:
+    with tempfile.TemporaryDirectory() as train_dir:
+        several = ["--num_policies", str(policies), "--with_pbt", "true"] if policies > 1 else []
+        if policies > 1 and not any(a.startswith("--pbt_period_env_steps") for a in train_args):
+            # Agent steps per policy: frames / frameskip / policies; a tenth of that per round.
+            frameskip = 4 if env.startswith("doom_") else 1
+            several += ["--pbt_period_env_steps", str(max(1, frames // frameskip // policies // 10))]
+        cmd = [sys.executable, "-m", "fastrl.train", "--env", env, "--seed", str(seed),
+               "--train_for_env_frames", str(frames), "--train_dir", train_dir, "--status_every_seconds", "30",
+               *several, *train_args]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(train_dir, env, "summary.json")) as fh:
+            summary = json.load(fh)
+        rounds = 0
+        log = os.path.join(train_dir, env, "pbt.jsonl")
+        if os.path.isfile(log):
+            with open(log) as fh:
+                rounds = len({json.loads(line)["round"] for line in fh if line.strip()} - {0})
+    returns = ([p["mean_return_100"] for p in summary["policies"] if p["mean_return_100"] is not None]
+               if policies > 1 else [summary["mean_return_100"]])
+    return {"fps": summary["fps"], "trained_fps": summary["measured_trained_frames_per_s"],
+            "best_return": max(returns), "returns": returns, "seconds": summary["wall_seconds"],
+            "pbt_rounds_with_changes": rounds}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="doom_basic")
+    parser.add_argument("--frames", type=int, default=2_000_000)
+    parser.add_argument("--policies", type=int, default=4)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args, train_args = parser.parse_known_args()
+    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average {os.getloadavg()[0]:.1f}")
+    print(f"{args.env}, {args.frames:,} env frames per run, 1 policy against {args.policies} with PBT; "
+          f"extra options: {' '.join(train_args) or 'none'}")
+    results = {1: [], args.policies: []}
+    for seed in args.seeds:
+        for policies in results:
+            r = run_once(args.env, policies, args.frames, seed, train_args)
+            results[policies].append(r)
+            each = " / ".join(f"{x:.2f}" for x in r["returns"])
+            print(f"seed {seed}, {policies} polic{'y' if policies == 1 else 'ies'}: {r['fps']:,.0f} fps from launch, "
+                  f"{r['trained_fps']:,.0f} trained in steady state, {r['seconds']:.0f} s; best return(100) "
+                  f"{r['best_return']:.2f} (each: {each}); PBT rounds that changed a policy: "
+                  f"{r['pbt_rounds_with_changes']}", flush=True)
+    med = {p: {k: statistics.median(r[k] for r in rs) for k in ("fps", "trained_fps", "best_return")}
+           for p, rs in results.items()}
+    one, many = med[1], med[args.policies]
+    print(f"median, 1 policy: {one['fps']:,.0f} fps, {one['trained_fps']:,.0f} trained, "
+          f"best return {one['best_return']:.2f}")
+    print(f"median, {args.policies} policies: {many['fps']:,.0f} fps, {many['trained_fps']:,.0f} trained, "
+          f"best return {many['best_return']:.2f}")
+    print(f"{args.policies} policies / 1 policy: {many['fps'] / one['fps']:.2f}x fps from launch, "
+          f"{many['trained_fps'] / one['trained_fps']:.2f}x trained in steady state; "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
