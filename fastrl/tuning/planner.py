@@ -273,10 +273,12 @@ def _per_policy(p: dict, frameskip: int) -> str:
     if n == 1:
         return ""
     each = p["trained_steps_per_s"] * frameskip / n
-    if p["bottleneck"] == "learner" or p["cores_steps_per_s"] > p["consumption_steps_per_s"]:
-        why = "every learner has the cores it needs"
+    if p["cores_steps_per_s"] <= min(p["production_steps_per_s"], p["consumption_steps_per_s"]):
+        why = f"the cores are the limit: the {n} learners share them with the actors"
+    elif p["consumption_steps_per_s"] <= p["production_steps_per_s"]:
+        why = "each policy's learner is its limit"
     else:
-        why = f"the {n} learners and the actors share {p['processes']} busy processes' worth of work on the cores"
+        why = "the actors are the limit"
     return f"; {n} policies, each trained at ~{each:,.0f} env frames/s ({why})"
 
 
