@@ -144,7 +144,7 @@ class Earlier:
     run. Frames are not among them: those trained after the checkpoint are lost with
     the learner, and the checkpoint's count is the one its weights match."""
     learner_restarts: int = 0
-    death: str = ""  # why the learner died last, in one clause
+    death: str = ""  # which learner died last and why, in one clause: "the learner was killed by SIGKILL"
     worker_restarts: int = 0
     env_restarts: float = 0.0
     trajectories_discarded: float = 0.0
@@ -398,7 +398,7 @@ class Runner:
         self.policy_objectives100 = [collections.deque(maxlen=100) for _ in range(cfg.num_policies)]
         self.population = PopulationDriver(cfg, self.ctx.hyper, self.say) if cfg.with_pbt and self.learn else None
         self.episodes = self.earlier.episodes
-        self.learner_death: Optional[str] = None  # its cause, when the learner's death ended this run
+        self.learner_death: Optional[str] = None  # which learner died and why, when that ended this run
         self.reached_reward_at: Optional[float] = None
         # The mean that crossed --stop_at_reward: episodes that end while the run
         # winds down still move the mean the summary reports at exit.
@@ -760,7 +760,8 @@ class Runner:
         if failure:
             then = "stopping the run"
             if is_learner(failure.who):
-                self.learner_death = failure.cause
+                who = "the learner" if self.cfg.num_policies == 1 else failure.who
+                self.learner_death = f"{who} {failure.cause}"
                 if self.restarts_left() > 0:
                     then = "stopping the run to restart it from its newest good checkpoint"
                 elif self.cfg.max_restarts:
@@ -940,8 +941,12 @@ def _restarted_runner(cfg: Config, explicit: set, earlier: Earlier) -> Optional[
     except KeyboardInterrupt:
         print("fastrl: interrupted while restarting the run; its checkpoints are kept.", file=sys.stderr)
         return None
-    where = (f"checkpoint {runner.resume_path} (frames {runner.frames_offset:,})" if runner.resume_path
-             else "the start, as the learner died before it wrote a checkpoint")
-    print(f"fastrl: the learner {earlier.death}; restarted the run from {where}, restart {earlier.learner_restarts} "
+    if runner.resume_path is None:
+        where = "the start, as the learner died before it wrote a checkpoint"
+    elif cfg.num_policies == 1:
+        where = f"checkpoint {runner.resume_path} (frames {runner.frames_offset:,})"
+    else:
+        where = f"each policy's newest checkpoint (policy 0's: {runner.resume_path}, frames {runner.frames_offset:,})"
+    print(f"fastrl: {earlier.death}; restarted the run from {where}, restart {earlier.learner_restarts} "
           f"of {cfg.max_restarts} (--max_restarts).", flush=True)
     return runner
