@@ -153,8 +153,9 @@ def stop_with_sigterm(run: TrainRun, timeout: float) -> None:
 def test_a_killed_rollout_worker_is_restarted_and_no_buffer_is_lost(tmp_path):
     # One worker and the fewest buffers the config allows (one it holds, one for
     # the batch; local inference, which the plan would otherwise choose by this
-    # machine's profile, so that the worker has one split): if a kill lost the buffer the worker held, sampling would stall
-    # after the second kill instead of going on for ten more buffers.
+    # machine's profile, so that the worker has one split): if a kill lost the
+    # buffer the worker held, sampling would stall after the second kill instead
+    # of going on for ten more buffers.
     run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--num_buffers", "2", "--inference", "local",
                  "--train_for_env_frames", "100000000"])
     wait_for_frames(run, 1, timeout=60)

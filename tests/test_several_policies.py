@@ -2,6 +2,8 @@
 them (--with_pbt), as a user runs them: `python -m fastrl.train` on CartPole-v1."""
 import json
 import os
+import signal
+import time
 
 import pytest
 from helpers import TrainRun, read_summary
@@ -82,3 +84,21 @@ def test_pbt_replaces_the_worst_policy_logs_it_and_replays_the_log_on_resume(tmp
     with open(tmp_path / "CartPole-v1" / "config.json") as fh:
         assert json.load(fh)["with_pbt"] is True
     assert os.path.isdir(tmp_path / "CartPole-v1" / "checkpoints" / "policy_3")
+
+
+@pytest.mark.slow
+def test_a_killed_policys_learner_restarts_every_policy_from_its_own_checkpoint(tmp_path):
+    run = TrainRun([*SMALL, "--num_policies", "2", "--train_dir", str(tmp_path), "--max_restarts", "1",
+                    "--checkpoint_every_seconds", "2", "--train_for_env_frames", "100000000"])
+    run.wait_for_line(lambda line: line.startswith("[") and "trained 0 samples/s" not in line, timeout=90)
+    time.sleep(3)  # a checkpoint of each policy
+    learner_1 = next(pid for pid, title in run.titles.items() if title.strip() == "fastrl: learner 1")
+    os.kill(learner_1, signal.SIGKILL)
+    line = run.wait_for_line(lambda text: "restarted the run from" in text, timeout=60)
+    assert line.startswith("fastrl: learner 1 was killed by SIGKILL; restarted the run from each policy's newest "
+                           "checkpoint (policy 0's: "), line
+    run.wait_for_line(lambda text: text.startswith("[") and "by policy" in text, timeout=60)
+    run.signal_group(signal.SIGINT)
+    assert run.wait(timeout=60) == 128 + signal.SIGINT, run.output()
+    assert all(s is not None and s["version"] > 0 for s in policy_states(tmp_path, "CartPole-v1", 2))
+    assert run.leftover_processes() == [] and run.new_shm_entries() == set()
