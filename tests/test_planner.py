@@ -358,5 +358,10 @@ def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
     assert four.predicted["trained_steps_per_s"] == pytest.approx(min(
         four.predicted["production_steps_per_s"], four.predicted["consumption_steps_per_s"],
         four.predicted["cores_steps_per_s"]))
+    # Each forward acts for one policy's split: a quarter of the envs, at a batch's cost per sample.
+    env_bound_4 = predict(env_bound(2), 1, 32, "local", 1, 1, 2, 32, 1024, policies=4)
+    env_bound_1 = predict(env_bound(2), 1, 32, "local", 1, 1, 2, 32, 1024)
+    assert env_bound_4["production_steps_per_s"] == pytest.approx(1 / (1e-3 + CHEAP_MODEL[8]))
+    assert env_bound_1["production_steps_per_s"] == pytest.approx(1 / (1e-3 + CHEAP_MODEL[32]))
     assert "4 policies, each trained at ~" in describe(four, 1)
     assert "policies" not in describe(one, 1)

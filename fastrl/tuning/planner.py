@@ -23,8 +23,9 @@ learner steps old at most.
 
 With N policies (--num_policies) there are N learners, each on its own 1/N of the
 samples: TR_L is N times one learner's (if the cores allow, which TR_C says), a
-worker has max(its splits, N) env groups, and the lag counts the W * E / N envs of
-one policy. N learners are N more busy processes: on a machine with few cores TR_C
+worker has max(its splits, N) env groups, each forward acts for one of them (E / N
+envs locally, W * E / N at a policy worker), and the lag counts the W * E / N envs
+of one policy. N learners are N more busy processes: on a machine with few cores TR_C
 is then the limit, and the plan line says what each policy gets.
 """
 from __future__ import annotations
@@ -113,19 +114,20 @@ class Candidate(NamedTuple):
     learner_threads: int
 
 
-def _inference_costs(costs: Costs, workers: int, envs: int, inference: str) -> tuple:
-    """(forward, comm) per sample: a local worker acts on its own envs; a policy
-    worker batches about one split of every worker."""
+def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, policies: int = 1) -> tuple:
+    """(forward, comm) per sample: a local worker acts on one split of its envs at a
+    time; a policy worker batches about one split of every worker. With several
+    policies a split is one policy's share, and each forward one policy's."""
     if inference == "local":
-        return costs.forward(envs), 0.0
-    return costs.forward(max(1, workers * envs // 2)), costs.comm_s
+        return costs.forward(max(1, envs // max(1, policies))), 0.0
+    return costs.forward(max(1, workers * envs // max(2, policies))), costs.comm_s
 
 
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
             epochs: int, rollout: int, batch: int, policies: int = 1) -> dict:
     """Predicted rates (agent steps/s, all policies together) and lag of one layout;
     see the module doc."""
-    forward, comm = _inference_costs(costs, workers, envs, inference)
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies)
     if inference == "local":
         production = workers / (costs.env_s + forward)
         processes = workers + policies
@@ -174,7 +176,7 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     learners = policies * learner_threads  # threads of all the learners
     if workers + pw + learners <= costs.cores:
         return 0
-    forward, comm = _inference_costs(costs, workers, envs, inference)
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies)
     learn = learner_threads * epochs * costs.train(learner_threads)
     need = min(learners, costs.cores * learn / (costs.env_s + forward + comm + learn))
     for nice in range(MAX_WORKER_NICE + 1):
