@@ -358,6 +358,9 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
         raise ConfigError(f"--seconds is {seconds:g} but must be a positive number.")
     if not (math.isfinite(warmup) and warmup >= 0):
         raise ConfigError(f"--warmup is {warmup:g} but must be a number, 0 or more.")
+    if cfg.num_policies != 1:
+        raise ConfigError(f"fastrl.bench measures one policy's pipeline, not --num_policies {cfg.num_policies}; "
+                          "drop it, or compare P policies with one by benchmarks/several_policies.py.")
     from fastrl.runtime.runner import prepare_experiment
     from fastrl.tuning import planner
 

@@ -162,6 +162,7 @@ CASES = [
     Case("bench", "NaN train option", f"{BENCH} --lr nan", "--lr is nan but must be a finite number"),
     Case("bench", "--json is a folder", f"{BENCH} --json {{root}}/adir", f"{NOT_WRITABLE} ({{root}}/adir is a folder)"),
     Case("bench", "--json in /proc", f"{BENCH} --json /proc/bench.json", NOT_WRITABLE),
+    Case("bench", "several policies", f"{BENCH} --num_policies 2", "fastrl.bench measures one policy's pipeline"),
     Case("bench", "env fails to construct", "--env failing_env:Failing-v0 --mode infer --plan off",
          "could not be made (DependencyNotInstalled: needs frobnicate"),
     # -- plot
