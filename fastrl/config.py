@@ -107,7 +107,9 @@ class Config:
     entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
-    max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest.")
+    max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest. "
+                               "A learner step is one batch trained, and one policy version: ppo_epochs x num_minibatches "
+                               "optimiser steps (as Sample Factory counts its policy versions).")
     vtrace_lambda: float = _opt(1.0, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
                                 "as GAE's lambda does (on-policy, V-trace with lambda is GAE(lambda)); 1 = the paper's V-trace.")
     normalize_returns: bool = _opt(True, "Keep running statistics of the value targets and train the value head on their "
