@@ -21,7 +21,7 @@ FIELDS = (
     "samples_received",   # samples taken from the trajectory queue (learner)
     "samples_trained",    # samples that contributed to a gradient step (learner)
     "samples_dropped",    # samples masked out for policy lag past max_policy_lag (learner)
-    "learner_steps",      # batches trained = current policy version, ppo_epochs x num_minibatches optimiser steps each (learner)
+    "learner_steps",      # batches trained = policy version (learner); epochs x minibatches optimiser steps each
     "lag_min", "lag_mean", "lag_max", "lag_p90",  # policy lag of the last batch, in learner steps
     "nonfinite_skips",    # updates skipped for a non-finite loss or gradient (learner)
     "env_restarts",       # envs re-created after raising (rollout workers)
