@@ -3,7 +3,8 @@ without a dashboard.
 
 Reads each experiment's TensorBoard events (<EXP_DIR>/tb, written by every run) and
 draws one metric, by default the mean return of the last 100 episodes, against env
-frames (left) and against wall time (right), one line per run.
+frames (left) and against wall time (right), one line per run; with --by_policy,
+one line per policy of each run trained with --num_policies (its own episodes' mean).
 
 Wall time is measured from each run's first event, as TensorBoard's "relative"
 axis does; a resumed run therefore includes the time it was stopped, visible as a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from typing import List, NamedTuple
 
@@ -20,6 +22,7 @@ from fastrl.config import OneLineParser
 from fastrl.plumbing.files import cannot_write
 
 DEFAULT_METRIC = "train/return_mean_100"
+POLICY_METRIC = re.compile(r"policy_(\d+)/return_100")  # one per policy of a --num_policies run
 
 
 class PlotError(Exception):
@@ -33,8 +36,8 @@ class Curve(NamedTuple):
     values: List[float]
 
 
-def read_curve(exp_dir: str, metric: str = DEFAULT_METRIC) -> Curve:
-    """One run's `metric` from <exp_dir>/tb: env frames, seconds since its first event, values."""
+def _events(exp_dir: str):
+    """<exp_dir>/tb's scalars, every point of them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb_dir = os.path.join(exp_dir, "tb")
@@ -42,13 +45,37 @@ def read_curve(exp_dir: str, metric: str = DEFAULT_METRIC) -> Curve:
         raise PlotError(f"{exp_dir} has no TensorBoard folder {tb_dir}; give the folder of an experiment that trained.")
     acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})  # 0 = keep every point, not a sample
     acc.Reload()
-    if metric not in acc.Tags().get("scalars", []):
-        raise PlotError(f"{exp_dir} has no '{metric}' values yet (no episode finished, or another --metric is meant).")
+    return acc
+
+
+def _curve(acc, metric: str, label: str) -> Curve:
     events = acc.Scalars(metric)
     t0 = events[0].wall_time
-    return Curve(label=os.path.basename(os.path.normpath(exp_dir)) or exp_dir,
-                 frames=[e.step for e in events], seconds=[e.wall_time - t0 for e in events],
+    return Curve(label=label, frames=[e.step for e in events], seconds=[e.wall_time - t0 for e in events],
                  values=[e.value for e in events])
+
+
+def _run_label(exp_dir: str) -> str:
+    return os.path.basename(os.path.normpath(exp_dir)) or exp_dir
+
+
+def read_curve(exp_dir: str, metric: str = DEFAULT_METRIC) -> Curve:
+    """One run's `metric` from <exp_dir>/tb: env frames, seconds since its first event, values."""
+    acc = _events(exp_dir)
+    if metric not in acc.Tags().get("scalars", []):
+        raise PlotError(f"{exp_dir} has no '{metric}' values yet (no episode finished, or another --metric is meant).")
+    return _curve(acc, metric, _run_label(exp_dir))
+
+
+def read_policy_curves(exp_dir: str) -> List[Curve]:
+    """Each policy's mean return of its last 100 episodes, for a run of several policies."""
+    acc = _events(exp_dir)
+    found = sorted((int(m.group(1)), tag) for tag in acc.Tags().get("scalars", [])
+                   if (m := POLICY_METRIC.fullmatch(tag)))
+    if not found:
+        raise PlotError(f"{exp_dir} has no per-policy returns: it was not trained with --num_policies 2 or more, "
+                        "or no episode finished yet; drop --by_policy.")
+    return [_curve(acc, tag, f"{_run_label(exp_dir)} policy {k}") for k, tag in found]
 
 
 def draw(curves: List[Curve], out: str, metric: str = DEFAULT_METRIC) -> None:
@@ -98,6 +125,9 @@ def main(argv=None) -> int:
     parser.add_argument("experiments", nargs="+", metavar="EXP_DIR", help="Experiment folders (<train_dir>/<name>).")
     parser.add_argument("--out", default="curves.png", help="Image to write (png, pdf or svg by extension).")
     parser.add_argument("--metric", default=DEFAULT_METRIC, help="Scalar to plot, as named in TensorBoard.")
+    parser.add_argument("--by_policy", action="store_true",
+                        help="One line per policy of runs trained with --num_policies: each policy's mean return of "
+                             "its last 100 episodes (policy_<k>/return_100); --metric is then not used.")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:  # checked before reading any events
         print("fastrl.plot: error: plotting needs matplotlib: pip install matplotlib (or fastrl[plot]).",
@@ -105,14 +135,15 @@ def main(argv=None) -> int:
         return 2
     try:
         check_out(args.out)
-        curves = [read_curve(exp, args.metric) for exp in args.experiments]
+        curves = ([c for exp in args.experiments for c in read_policy_curves(exp)] if args.by_policy
+                  else [read_curve(exp, args.metric) for exp in args.experiments])
     except PlotError as err:
         print(f"fastrl.plot: error: {err}", file=sys.stderr)
         return 2
     labels = [c.label for c in curves]
-    if len(set(labels)) < len(labels):  # same name in different train dirs: tell them apart by path
+    if len(set(labels)) < len(labels) and not args.by_policy:  # same name in different train dirs: tell them apart
         curves = [c._replace(label=exp) for c, exp in zip(curves, args.experiments)]
-    draw(curves, args.out, args.metric)
+    draw(curves, args.out, "return(100) by policy" if args.by_policy else args.metric)
     print(f"fastrl.plot: wrote {args.out} ({len(curves)} run(s))")
     return 0
 

@@ -8,6 +8,7 @@ import time
 import pytest
 from helpers import TrainRun, read_summary
 
+from fastrl import plot
 from fastrl.config import Config
 from fastrl.learning import pbt
 from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint
@@ -37,6 +38,13 @@ def test_two_policies_both_learn_keep_their_own_checkpoints_and_resume(tmp_path,
     assert all(s is not None and s["version"] > 10 for s in states)
     assert states[0]["model"]["policy_head.weight"].ne(states[1]["model"]["policy_head.weight"]).any()
     assert run.leftover_processes() == [] and run.new_shm_entries() == set()
+    # Each policy's curve, as `python -m fastrl.plot EXP --by_policy` draws them.
+    exp = str(tmp_path / "CartPole-v1")
+    curves = plot.read_policy_curves(exp)
+    assert [c.label for c in curves] == ["CartPole-v1 policy 0", "CartPole-v1 policy 1"]
+    assert all(c.values[-1] > 2 * RANDOM_RETURN for c in curves)  # the episodes that end at shutdown come after
+    assert plot.main([exp, "--by_policy", "--out", str(tmp_path / "by_policy.png")]) == 0
+    assert os.path.getsize(tmp_path / "by_policy.png") > 0
 
     again = TrainRun([*args, "--train_for_env_frames", "200000"])
     assert again.wait(timeout=180) == 0, again.output()
