@@ -172,6 +172,7 @@ CASES = [
     Case("plot", "a file for an experiment", "{root}/afile", "has no TensorBoard folder"),
     Case("plot", "experiment without the metric", "{root}/train/good --metric train/nope",
          "has no 'train/nope' values yet"),
+    Case("plot", "--by_policy for a run of one policy", "{root}/train/good --by_policy", "has no per-policy returns"),
     Case("plot", "--out without an extension", "{root}/train/good --out {root}/curves", "must end in an image type"),
     Case("plot", "--out of an unknown type", "{root}/train/good --out {root}/curves.xyz", "must end in an image type"),
     Case("plot", "--out is a folder", "{root}/train/good --out {root}/adir.png",
