@@ -16,6 +16,7 @@ about ten rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,21 +28,23 @@ import psutil
 from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
 
-def run_once(env: str, policies: int, frames: int, seed: int, train_args: list) -> dict:
-    with tempfile.TemporaryDirectory() as train_dir:
+def run_once(env: str, policies: int, frames: int, seed: int, train_args: list, keep_in: str = "") -> dict:
+    with contextlib.ExitStack() as stack:
+        train_dir = keep_in or stack.enter_context(tempfile.TemporaryDirectory())
+        experiment = f"{env}_{policies}p_seed{seed}"
         several = ["--num_policies", str(policies), "--with_pbt", "true"] if policies > 1 else []
         if policies > 1 and not any(a.startswith("--pbt_period_env_steps") for a in train_args):
             # Agent steps per policy: frames / frameskip / policies; a tenth of that per round.
             frameskip = 4 if env.startswith("doom_") else 1
             several += ["--pbt_period_env_steps", str(max(1, frames // frameskip // policies // 10))]
-        cmd = [sys.executable, "-m", "fastrl.train", "--env", env, "--seed", str(seed),
+        cmd = [sys.executable, "-m", "fastrl.train", "--env", env, "--seed", str(seed), "--experiment", experiment,
                "--train_for_env_frames", str(frames), "--train_dir", train_dir, "--status_every_seconds", "30",
-               *several, *train_args]
+               "--restart", *several, *train_args]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(os.path.join(train_dir, env, "summary.json")) as fh:
+        with open(os.path.join(train_dir, experiment, "summary.json")) as fh:
             summary = json.load(fh)
         rounds = 0
-        log = os.path.join(train_dir, env, "pbt.jsonl")
+        log = os.path.join(train_dir, experiment, "pbt.jsonl")
         if os.path.isfile(log):
             with open(log) as fh:
                 rounds = len({json.loads(line)["round"] for line in fh if line.strip()} - {0})
@@ -58,6 +61,9 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=2_000_000)
     parser.add_argument("--policies", type=int, default=4)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--keep_in", default="", metavar="TRAIN_DIR",
+                        help="Keep each run's experiment here (<env>_<P>p_seed<S>), for fastrl.plot --by_policy; "
+                             "by default they go to a temporary folder.")
     args, train_args = parser.parse_known_args()
     print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average {os.getloadavg()[0]:.1f}")
@@ -66,7 +72,7 @@ def main() -> int:
     results = {1: [], args.policies: []}
     for seed in args.seeds:
         for policies in results:
-            r = run_once(args.env, policies, args.frames, seed, train_args)
+            r = run_once(args.env, policies, args.frames, seed, train_args, args.keep_in)
             results[policies].append(r)
             each = " / ".join(f"{x:.2f}" for x in r["returns"])
             print(f"seed {seed}, {policies} polic{'y' if policies == 1 else 'ies'}: {r['fps']:,.0f} fps from launch, "

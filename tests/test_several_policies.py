@@ -34,6 +34,7 @@ def test_two_policies_both_learn_keep_their_own_checkpoints_and_resume(tmp_path,
     for k, policy in enumerate(summary["policies"]):
         assert policy["policy"] == k and policy["learner_steps"] > 10, summary["policies"]
         assert policy["mean_return_100"] > 3 * RANDOM_RETURN, summary["policies"]
+    assert summary["samples_trained"] == sum(p["samples_trained"] for p in summary["policies"])
     states = policy_states(tmp_path, "CartPole-v1", 2)
     assert all(s is not None and s["version"] > 10 for s in states)
     assert states[0]["model"]["policy_head.weight"].ne(states[1]["model"]["policy_head.weight"]).any()

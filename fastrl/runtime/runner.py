@@ -837,7 +837,8 @@ class Runner:
         this rank: the plan it is compared with is this rank's."""
         if self.training_since is None:
             return 0.0
-        return per_second(self.ctx.board.get("learner", "samples_trained"), time.time() - self.training_since)
+        # Every policy's learner (rows 'learner', 'learner_1', ...) of this rank.
+        return per_second(self.ctx.board.total("samples_trained", "learner"), time.time() - self.training_since)
 
     def write_summary(self, wall: float) -> None:
         summary = {
