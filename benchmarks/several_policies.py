@@ -27,6 +27,8 @@ import tempfile
 import psutil
 from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
+from fastrl.envs.registry import get_spec
+
 
 def run_once(env: str, policies: int, frames: int, seed: int, train_args: list, keep_in: str = "") -> dict:
     with contextlib.ExitStack() as stack:
@@ -35,8 +37,7 @@ def run_once(env: str, policies: int, frames: int, seed: int, train_args: list, 
         several = ["--num_policies", str(policies), "--with_pbt", "true"] if policies > 1 else []
         if policies > 1 and not any(a.startswith("--pbt_period_env_steps") for a in train_args):
             # Agent steps per policy: frames / frameskip / policies; a tenth of that per round.
-            frameskip = 4 if env.startswith("doom_") else 1
-            several += ["--pbt_period_env_steps", str(max(1, frames // frameskip // policies // 10))]
+            several += ["--pbt_period_env_steps", str(max(1, frames // get_spec(env).frameskip // policies // 10))]
         cmd = [sys.executable, "-m", "fastrl.train", "--env", env, "--seed", str(seed), "--experiment", experiment,
                "--train_for_env_frames", str(frames), "--train_dir", train_dir, "--status_every_seconds", "30",
                "--restart", *several, *train_args]
