@@ -26,7 +26,6 @@ import tempfile
 
 import psutil
 from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
-
 from fastrl.envs.registry import get_spec
 
 
