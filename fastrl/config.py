@@ -19,6 +19,14 @@ from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.seeding import SEED_BITS
 
 
+def splits_per_worker(inference: str, num_policies: int) -> int:
+    """Env groups per rollout worker: two alternate with a policy worker, one with local
+    inference (a worker computing its own actions cannot overlap them with stepping
+    anyway); with several policies, one per policy (Config.policy_of_split), which
+    alternate too. The planner weighs candidate layouts by it before any Config exists."""
+    return max(2 if inference == "policy_worker" else 1, num_policies)
+
+
 class ConfigError(ValueError):
     """A configuration a run can never succeed with; the message says how to fix it."""
 
@@ -213,10 +221,8 @@ class Config:
 
     @property
     def num_splits(self) -> int:
-        """Env groups per worker: two alternate with a policy worker, one with local inference
-        (a worker computing its own actions cannot overlap them with stepping anyway);
-        with several policies, one per policy (policy_of_split), which alternate too."""
-        return max(2 if self.inference == "policy_worker" else 1, self.num_policies)
+        """Env groups per worker (splits_per_worker)."""
+        return splits_per_worker(self.inference, self.num_policies)
 
     def policy_of_split(self, split: int) -> int:
         """The policy that acts in a worker's env split (the same in every worker)."""

@@ -681,9 +681,9 @@ class Runner:
         for k, (returns, objectives) in enumerate(zip(self.policy_returns100, self.policy_objectives100)):
             row = learner_row(k)
             if returns:
-                out[f"policy_{k}/return_100"] = sum(returns) / len(returns)
+                out[f"policy_{k}/return_100"] = _mean(returns)
             if objectives:
-                out[f"policy_{k}/objective_100"] = sum(objectives) / len(objectives)
+                out[f"policy_{k}/objective_100"] = _mean(objectives)
             out[f"policy_{k}/learner_steps"] = self.ctx.board.get(row, "learner_steps")
             out[f"policy_{k}/samples_trained"] = self.ctx.board.get(row, "samples_trained")
             out[f"policy_{k}/lag_mean"] = self.ctx.board.get(row, "lag_mean")
@@ -792,8 +792,7 @@ class Runner:
         frames = self.env_frames() + self.frames_offset
         if self.population is not None:
             steps_per_policy = frames / self.spec.frameskip / self.cfg.num_policies
-            events = self.population.update(steps_per_policy, [sum(q) / len(q) if q else None
-                                                               for q in self.policy_objective_or_return()])
+            events = self.population.update(steps_per_policy, [_mean(q) for q in self.policy_objective_or_return()])
             for e in events:  # a replaced policy is judged from here on by its new weights' episodes
                 self.policy_returns100[e["policy"]].clear()
                 self.policy_objectives100[e["policy"]].clear()

@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from fastrl.config import splits_per_worker
 from fastrl.plumbing.files import write_json
 
 # What the planner may choose; every other option stays as configured.
@@ -118,9 +119,10 @@ def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, poli
     """(forward, comm) per sample: a local worker acts on one split of its envs at a
     time; a policy worker batches about one split of every worker. With several
     policies a split is one policy's share, and each forward one policy's."""
+    split = max(1, envs // splits_per_worker(inference, policies))
     if inference == "local":
-        return costs.forward(max(1, envs // max(1, policies))), 0.0
-    return costs.forward(max(1, workers * envs // max(2, policies))), costs.comm_s
+        return costs.forward(split), 0.0
+    return costs.forward(workers * split), costs.comm_s
 
 
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
@@ -194,14 +196,13 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
         return [getattr(cfg, name)] if name in explicit else values
 
     policies = cfg.num_policies
-    splits_of = {"local": max(1, policies), "policy_worker": max(2, policies)}
     candidates = []
     max_workers = max(1, 2 * costs.cores)
     for inference in allowed("inference", ["local", "policy_worker"]):
         for workers in allowed("num_workers", list(range(1, max_workers + 1))):
             for envs in allowed("num_envs_per_worker", list(ENVS_PER_WORKER)):
-                per_buffer = cfg.rollout * envs // splits_of[inference]
-                if envs % splits_of[inference] or cfg.batch_size % per_buffer:
+                splits = splits_per_worker(inference, policies)
+                if envs % splits or cfg.batch_size % (cfg.rollout * envs // splits):
                     continue
                 policy_options = [1] if inference == "local" else allowed(
                     "num_policy_workers", list(range(1, max(1, costs.cores) + 1)))
@@ -240,10 +241,9 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                 c.predicted["lag_max_learner_steps"], -c.predicted["trained_steps_per_s"])
 
     c = min(good, key=preference)
-    splits = splits_of[c.inference]
-    per_buffer = cfg.rollout * c.envs // splits
-    buffers = cfg.num_buffers if "num_buffers" in explicit else \
-        c.workers * splits + (policies + 1) * (cfg.batch_size // per_buffer)
+    # The pool a run of this layout gets by default (Config.total_buffers), unless the user set one.
+    buffers = cfg.num_buffers if "num_buffers" in explicit else dataclasses.replace(
+        cfg, num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference, num_buffers=0).total_buffers
     nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
         costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies)
     return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
