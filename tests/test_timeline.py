@@ -35,3 +35,22 @@ def test_a_process_knows_when_it_was_launched_to_within_the_clock_tick():
     launched = float(out)
     assert before - 0.02 <= launched <= after  # the kernel counts process starts in 10 ms ticks
     assert launched - before < 0.5  # the start itself, not the interpreter's imports
+
+
+def test_the_process_server_starts_before_torch_is_imported():
+    # fastrl.train starts the process server right after the config checks so that
+    # the server's import of torch (~1.3 s) runs on the other core while the runner
+    # imports its own. One module on that path importing torch at its top (ranks.py
+    # did) made the two imports run one after the other: CartPole's first batch
+    # came ~0.7 s later, doom_battle's children ~0.8 s later.
+    code = ("import sys\n"
+            "from fastrl.config import check_env_and_options, parse_args\n"
+            "from fastrl.plumbing.ranks import claim_cores, detect_rank\n"
+            "from fastrl.plumbing.proc import start_process_server\n"
+            "cfg, _ = parse_args(['--env', 'CartPole-v1'])\n"
+            "check_env_and_options(cfg, writes=False)\n"
+            "claim_cores(detect_rank())\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _SYS_CPU = "/sys/devices/system/cpu"
@@ -150,6 +151,8 @@ class RunTotals:
     In a run of one there are no other ranks, and `count` reads the stats board."""
 
     def __init__(self):
+        import torch  # here, not at the top: train.py reads the rank before torch is imported
+
         self._values = torch.zeros(len(SUMMED) + 1, dtype=torch.float64).share_memory_()
 
     def write(self, summed: torch.Tensor, stop_requested: bool) -> None:
@@ -168,6 +171,8 @@ class RunTotals:
 
 def local_counts(board) -> torch.Tensor:
     """This rank's SUMMED counters from its stats board, float64 [len(SUMMED)]."""
+    import torch
+
     return torch.tensor([board.total(field, prefix) for field, prefix in SUMMED.items()], dtype=torch.float64)
 
 
