@@ -3,6 +3,9 @@
     spec = get_spec("doom_battle")          # or any gymnasium id: "CartPole-v1"
     env = spec.make(seed=1, **options)      # one gymnasium.Env, never autoresetting
     frames = steps * spec.frameskip         # env frames per agent step
+    agents = spec.make_match(seed=1, agents=2, **options)  # doom_duel, doom_deathmatch:
+                                            # the learning agents of one game, each an env
+                                            # that steps in two halves (envs/doom/match.py)
 
 Names: fastrl's Doom scenarios first (doom_battle, doom_basic, ..., doom_custom;
 see envs/doom/scenarios.py), then atari_<game> for every ALE game (atari_pong,
@@ -16,7 +19,7 @@ Options (`**options` of make; the trainer passes the same set to every env):
     doom_measurements=True   Dict observation {"obs": image, "measurements": (5,)}.
     render_mode="rgb_array"  frames for videos (the only option gymnasium ids get).
     doom_episode_timeout=N   episode timeout in engine tics (default: the config's).
-    doom_num_bots=N          bots in doom_deathmatch (default 6).
+    doom_num_bots=N          bots in doom_deathmatch (default 6) or doom_duel (default 0).
     doom_hang_timeout=S      seconds an engine call may take before the engine is
                              declared hung and restarted (default 20).
     doom_engine_recycle_episodes=N  a fresh engine process after every N episodes
@@ -50,6 +53,10 @@ class EnvSpec:
     # starting in its own process); an arbitrary gymnasium env is not known to be
     # thread-safe to make, and a cheap one would only pay for the threads.
     parallel_make: bool = False
+    # Games that hold several learning agents (fastrl's deathmatch scenarios):
+    # make_match(seed, agents, **options) -> one env per agent of a new game. spec.make
+    # then makes one agent's game alone, for its spaces and costs.
+    make_match: Callable[..., list] | None = field(default=None, repr=False)
 
     def spaces(self, **options) -> tuple:
         """(observation_space, action_space) of one env made with `options`, then closed."""
@@ -70,7 +77,13 @@ def _doom_spec(name: str) -> EnvSpec:
 
         return make_doom_env(name, seed, **options)
 
-    return EnvSpec(name=name, make=make, frameskip=4, description=scenario.description, parallel_make=True)
+    def make_match(seed: int | None = None, agents: int | None = None, **options) -> list:
+        from fastrl.envs.doom.make import make_doom_match
+
+        return make_doom_match(name, seed, agents, **options)
+
+    return EnvSpec(name=name, make=make, frameskip=4, description=scenario.description, parallel_make=True,
+                   make_match=make_match if scenario.deathmatch else None)
 
 
 def _gymnasium_spec(env_id: str) -> EnvSpec:

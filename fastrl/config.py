@@ -19,11 +19,18 @@ from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.seeding import SEED_BITS
 
 
-def splits_per_worker(inference: str, num_policies: int) -> int:
+def splits_per_worker(inference: str, num_policies: int, agents_per_game: int = 1) -> int:
     """Env groups per rollout worker: two alternate with a policy worker, one with local
     inference (a worker computing its own actions cannot overlap them with stepping
     anyway); with several policies, one per policy (Config.policy_of_split), which
-    alternate too. The planner weighs candidate layouts by it before any Config exists."""
+    alternate too. In games of several learning agents (doom_duel) agent a of each game
+    is in split a of its step group, the A splits that step together (the game moves
+    only when all its agents have acted), so there are A splits per group, and as many
+    groups as alternate or as the policies need. The planner weighs candidate layouts
+    by it before any Config exists."""
+    if agents_per_game > 1:
+        groups = max(2 if inference == "policy_worker" else 1, -(-num_policies // agents_per_game))
+        return agents_per_game * groups
     return max(2 if inference == "policy_worker" else 1, num_policies)
 
 
@@ -173,6 +180,11 @@ class Config:
         "stays flat over runs of days (an engine's grows ~2 MB per million frames); 0 = never. A replacement "
         "takes ~0.13 s, so the default costs at most 1% of the engine's own stepping time, on doom_basic's "
         "shortest episodes (benchmarks/doom_engine_memory.py).")
+    doom_agents: int = _opt(0, "Doom deathmatch scenarios (doom_duel, doom_deathmatch): learning agents in each game, each "
+                            "a player of one network game on 127.0.0.1 (the first hosts it); agent a of a game acts in "
+                            "env split a of its group, so with --num_policies 2 or more agents of different policies play "
+                            "each other. Counts as that many envs of --num_envs_per_worker. 0 = the scenario's own "
+                            "(2 in doom_duel, 1 in doom_deathmatch).")
     atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
     atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 
@@ -220,9 +232,20 @@ class Config:
         return os.path.join(self.train_dir, self.experiment or self.env)
 
     @property
+    def agents_per_game(self) -> int:
+        """Learning agents in each of the env's games (--doom_agents); 1 for every env
+        that is not a deathmatch scenario."""
+        if self.doom_agents:
+            return self.doom_agents
+        from fastrl.envs.doom.scenarios import SCENARIOS
+
+        scenario = SCENARIOS.get(self.env)
+        return scenario.agents if scenario is not None else 1
+
+    @property
     def num_splits(self) -> int:
         """Env groups per worker (splits_per_worker)."""
-        return splits_per_worker(self.inference, self.num_policies)
+        return splits_per_worker(self.inference, self.num_policies, self.agents_per_game)
 
     def policy_of_split(self, split: int) -> int:
         """The policy that acts in a worker's env split (the same in every worker)."""
@@ -280,7 +303,7 @@ def validate(cfg: Config, writes: bool = True) -> None:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts",
-                 "doom_engine_recycle_episodes"):
+                 "doom_engine_recycle_episodes", "doom_agents"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
     if not 0 <= cfg.worker_nice <= 19:
@@ -307,6 +330,12 @@ def validate(cfg: Config, writes: bool = True) -> None:
     if cfg.pbt_perturb_factor <= 1.0:
         raise ConfigError(f"--pbt_perturb_factor is {cfg.pbt_perturb_factor} but must be above 1, like 1.2.")
     if cfg.num_envs_per_worker % cfg.num_splits:
+        if cfg.agents_per_game > 1:
+            raise ConfigError(
+                f"--num_envs_per_worker {cfg.num_envs_per_worker} must be a multiple of the {cfg.num_splits} env groups "
+                f"each worker has with {cfg.agents_per_game} agents in each game of {cfg.env} "
+                f"(one per agent{', in two alternating sets' if cfg.inference == 'policy_worker' else ''}); use "
+                f"{max(cfg.num_splits, cfg.num_envs_per_worker // cfg.num_splits * cfg.num_splits)}.")
         if cfg.num_policies > 1:
             raise ConfigError(
                 f"--num_envs_per_worker {cfg.num_envs_per_worker} must be a multiple of the {cfg.num_splits} env groups "
@@ -373,6 +402,9 @@ def check_env_and_options(cfg: Config, writes: bool = True):
         family = option.split("_")[0]
         if not cfg.env.startswith(f"{family}_"):
             raise ConfigError(f"--{option} applies to {family}_* envs only, and {cfg.env} is not one; drop it.")
+    if cfg.doom_agents and spec.make_match is None:
+        raise ConfigError(f"--doom_agents applies to the Doom deathmatch scenarios only (doom_duel, doom_deathmatch), "
+                          f"and {cfg.env} is not one; drop it.")
     return spec
 
 

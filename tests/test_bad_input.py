@@ -129,6 +129,11 @@ CASES = [
          "must be a multiple of the 3 env groups"),
     Case("train", "resuming with another number of policies", f"{CARTPOLE} --experiment good --num_policies 2",
          "trained 1 policy; pass --num_policies 1 to resume it"),
+    # -- train: several agents in one game
+    Case("train", "several agents in a single-player scenario", "--env doom_basic --doom_agents 2 --train_dir "
+         "{root}/train --plan off", "--doom_agents applies to the Doom deathmatch scenarios only"),
+    Case("train", "a duel's agents split unevenly", "--env doom_duel --num_envs_per_worker 3 --train_dir {root}/train "
+         "--plan off", "must be a multiple of the 2 env groups each worker has with 2 agents in each game"),
     # -- enjoy
     Case("enjoy", "no --env", "--train_dir {root}/train", "the following arguments are required: --env"),
     Case("enjoy", "not a number", f"{ENJOY} --episodes abc", "argument --episodes: invalid int value"),

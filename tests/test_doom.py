@@ -20,7 +20,7 @@ from fastrl.envs.doom.engine import cleanup_stale_doom_shm  # noqa: E402
 from fastrl.envs.registry import get_spec  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMED = ["doom_battle", "doom_deathmatch", "doom_basic", "doom_defend_the_center", "doom_defend_the_line",
+NAMED = ["doom_battle", "doom_deathmatch", "doom_duel", "doom_basic", "doom_defend_the_center", "doom_defend_the_line",
          "doom_health_gathering_supreme", "doom_deadly_corridor", "doom_my_way_home"]
 
 

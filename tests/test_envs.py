@@ -7,8 +7,9 @@ from fastrl.envs.doom.actions import TURN_ANGLES, ActionMapper
 from fastrl.envs.doom.scenarios import SCENARIOS
 from fastrl.envs.registry import EnvSpec, UnknownEnvError, get_spec, known_env_names
 
-DOOM_NAMES = ["doom_battle", "doom_deathmatch", "doom_basic", "doom_defend_the_center", "doom_defend_the_line",
-              "doom_health_gathering_supreme", "doom_deadly_corridor", "doom_my_way_home", "doom_custom"]
+DOOM_NAMES = ["doom_battle", "doom_deathmatch", "doom_duel", "doom_basic", "doom_defend_the_center",
+              "doom_defend_the_line", "doom_health_gathering_supreme", "doom_deadly_corridor", "doom_my_way_home",
+              "doom_custom"]
 
 
 def test_gymnasium_id_makes_a_seeded_env_and_ignores_doom_options():

@@ -89,7 +89,7 @@ def test_next_trajectory_starts_from_this_envs_last_row_even_if_the_buffer_is_re
         assert worker._start_splits()
         b, old = ctx.buffers, worker.buf[0]
         for t in range(ROLLOUT):
-            worker._step_envs(0)  # random-free: actions stay 0, CartPole steps fine
+            worker._step_group([0])  # random-free: actions stay 0, CartPole steps fine
             if t < ROLLOUT - 1:
                 assert worker._advance(0, torch.zeros(ENVS, 0))
         last_obs = b.obs["obs"][old, ROLLOUT].clone()
@@ -119,7 +119,7 @@ def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_
             ctx.params[0].publish(flat_state(fresh), t + 10)
             models[t] = fresh
             policy.act_into(buf, t, torch.zeros(ENVS, 0))
-            worker._step_envs(0)
+            worker._step_group([0])
             worker.t[0] += 1
         assert b.policy_version[buf].tolist() == [[t + 10] * ENVS for t in range(ROLLOUT)]
         for t, model in models.items():
@@ -143,7 +143,7 @@ def test_a_restarted_worker_keeps_counting_env_restarts_from_where_its_predecess
     worker = RolloutWorker(dead.cfg, 0, ctx)
     try:
         assert worker._start_splits()
-        worker._step_envs(0)
+        worker._step_group([0])
         assert ctx.board.get("rollout_0", "env_restarts") == 3.0
     finally:
         for split in worker.splits:
@@ -203,7 +203,7 @@ def test_an_env_restarting_itself_counts_as_an_env_restart():
     try:
         assert worker._start_splits()
         for _ in range(3):  # each of the ENVS envs heals at its 3rd step
-            worker._step_envs(0)
+            worker._step_group([0])
             worker.t[0] += 1
         assert ctx.board.get("rollout_0", "env_restarts") == ENVS
     finally:
@@ -224,7 +224,7 @@ def test_an_env_restart_is_on_the_board_before_its_replacement_is_made():
     try:
         assert worker._start_splits()
         for _ in range(40):
-            worker._step_envs(0)
+            worker._step_group([0])
         assert board_at_make == [1, 2]  # split 0's two envs, each counted before it was made again
     finally:
         for split in worker.splits:

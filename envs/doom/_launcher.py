@@ -41,6 +41,15 @@ def main() -> None:
     owner = os.environ.get("FASTRL_DOOM_OWNER_PID", "")
     if owner.isdigit() and os.getppid() != int(owner):
         os._exit(70)
+    if "-port" in sys.argv[2:]:
+        # A seat of a network game (envs/doom/match.py): the engine reports the
+        # players connecting ("Waiting for players: .. [ 2/ 2]", a dozen lines a
+        # game) on stderr and stdout, the trainer's terminal. ViZDoom talks to it
+        # through shared memory only, and reports its crashes to the Python side.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
     # argv[0] stays the real engine path: the engine finds vizdoom.pk3 beside it.
     os.execv(engine, [engine] + sys.argv[2:])
 

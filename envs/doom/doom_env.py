@@ -16,8 +16,11 @@ Episode ends. The step where ViZDoom says the episode finished reports
                      trainer bootstraps from the value;
     terminated=True  otherwise: the player died, or the scenario's goal ended the
                      map (basic's monster killed, my_way_home's vest reached).
-The player checked first: dying on the last tic is a death. In doom_deathmatch
-the player respawns, so episodes end only by timeout (truncated). The final
+The player checked first: dying on the last tic is a death. In the deathmatch
+scenarios (doom_deathmatch, doom_duel) players respawn, so episodes end only by
+timeout (truncated). Such a game is a network game fastrl hosts: alone (-host 1),
+or as one seat of a DoomMatch (envs/doom/match.py) whose other learning agents
+join it on 127.0.0.1. The final
 step's observation is the last frame the game rendered (ViZDoom gives no state
 once the episode has finished). info["true_objective"] is set on that step.
 
@@ -67,6 +70,9 @@ VIZDOOM_FAILURES = (
     vzd.ViZDoomErrorException, vzd.ViZDoomIsNotRunningException, vzd.ViZDoomUnexpectedExitException,
     vzd.MessageQueueException, vzd.SharedMemoryException,
 )
+# A seat of a match also fails when another seat's engine does: the tic barrier
+# they share breaks (match.py), or times out waiting for it.
+SEAT_FAILURES = VIZDOOM_FAILURES + (threading.BrokenBarrierError,)
 
 _cv2_threads_set = False
 # File descriptor 2 is the process's, not a thread's: two games configured at once
@@ -127,7 +133,7 @@ class DoomEnv(gym.Env):
                  render_mode: str | None = None,
                  episode_timeout: int | None = None, num_bots: int | None = None,
                  hang_timeout: float = DEFAULT_HANG_TIMEOUT_S,
-                 engine_recycle_episodes: int = ENGINE_RECYCLE_EPISODES):
+                 engine_recycle_episodes: int = ENGINE_RECYCLE_EPISODES, seat=None):
         """scenario: a name from scenarios.SCENARIOS (or a DoomScenario).
         config_path: a ViZDoom .cfg used instead of the scenario's (required for
             doom_custom); the scenario still picks reward and objective.
@@ -140,7 +146,9 @@ class DoomEnv(gym.Env):
             on one (0: never; the default: see ENGINE_RECYCLE_EPISODES). A ViZDoom
             engine's memory creeps up over a long run; a new one starts from its
             first footprint, and the episodes it plays are the same, since each
-            episode's seed comes from the env's own stream."""
+            episode's seed comes from the env's own stream.
+        seat: this player's place in a DoomMatch, a match.Seat (deathmatch scenarios
+            only): the match starts, steps, restarts and recycles its seats together."""
         global _cv2_threads_set
         if not _cv2_threads_set:
             # Resizing a 160x120 frame gains nothing from threads; cv2's pool would
@@ -166,6 +174,12 @@ class DoomEnv(gym.Env):
             raise ValueError(f"engine_recycle_episodes must be 0 (never) or a positive count, "
                              f"not {engine_recycle_episodes}")
         self.engine_recycle_episodes = int(engine_recycle_episodes)
+        if seat is not None and not self.scenario.deathmatch:
+            raise ValueError(f"{self.scenario.name} is not a deathmatch scenario; only those seat several players")
+        self.seat = seat
+        # A seat's engine starts once per try, with its match's others (a host that
+        # retried alone would wait for players who are not coming).
+        self._init_attempts = 1 if seat is not None else INIT_ATTEMPTS
         self.engine_recycles = 0  # engines replaced by a fresh one after engine_recycle_episodes
         self._episodes_on_engine = 0
         self.frameskip = FRAMESKIP
@@ -218,15 +232,29 @@ class DoomEnv(gym.Env):
             off(False)
         if self.episode_timeout is not None:
             game.set_episode_timeout(int(self.episode_timeout))
+        if self.scenario.deathmatch:
+            game.add_game_args(self._network_args())
         have = {v.name for v in game.get_available_game_variables()}
         for name in TRACKED_VARIABLES:
             if name not in have:
                 game.add_available_game_variable(getattr(vzd.GameVariable, name))
         return game
 
+    def _network_args(self) -> str:
+        """Host a game alone, or take this seat of a match: its first seat hosts the
+        game for all (init returns once every player has joined), the others join
+        it on 127.0.0.1 at the match's port."""
+        seat = self.seat
+        if seat is None:
+            return "-host 1"
+        wait = f"+viz_connect_timeout {seat.connect_timeout:g} +name agent{seat.index} +colorset {seat.index}"
+        if seat.index == 0:
+            return f"-host {seat.players} -port {seat.port} -netmode 0 {wait}"
+        return f"-join 127.0.0.1 -port {seat.port} {wait}"
+
     def _start_game(self) -> None:
         last = None
-        for _ in range(INIT_ATTEMPTS):
+        for _ in range(self._init_attempts):
             game = self._configure()
             try:
                 self._handle = engine.init_game(game, self.hang_timeout)
@@ -241,7 +269,8 @@ class DoomEnv(gym.Env):
                 last = err
                 engine.end_game(game, None)
                 self.restarts += 1
-        raise RuntimeError(f"ViZDoom failed to start {self.scenario.name} {INIT_ATTEMPTS} times; last error: {last}")
+        raise RuntimeError(f"ViZDoom failed to start {self.scenario.name} {self._init_attempts} times; "
+                           f"last error: {last}")
 
     def _end_game(self) -> None:
         game, handle = self._game, self._handle
@@ -333,14 +362,14 @@ class DoomEnv(gym.Env):
         if self._game is not None and 0 < self.engine_recycle_episodes <= self._episodes_on_engine:
             self._end_game()  # started again below, like an engine that crashed between episodes
             self.engine_recycles += 1
-        for _ in range(INIT_ATTEMPTS):
+        for _ in range(self._init_attempts):
             try:
                 if self._game is None:
                     self._start_game()
                 game = self._game
                 game.set_seed(int(self.np_random.integers(0, 2**31 - 1)))
                 self._call(game.new_episode)
-                if self.num_bots > 0:
+                if self.num_bots > 0 and (self.seat is None or self.seat.index == 0):  # the host's to add
                     game.send_game_command("removebots")
                     for _ in range(self.num_bots):
                         game.send_game_command("addbot")
@@ -354,7 +383,7 @@ class DoomEnv(gym.Env):
                 self.restarts += 1
         else:
             raise RuntimeError(f"ViZDoom failed to start an episode of {self.scenario.name} "
-                               f"{INIT_ATTEMPTS} times; last error: {last}")
+                               f"{self._init_attempts} times; last error: {last}")
         self._episodes_on_engine += 1
         self._vars = np.array(state.game_variables, dtype=np.float64)
         self._episode_game_reward = 0.0
@@ -378,9 +407,14 @@ class DoomEnv(gym.Env):
         buttons = self._actions(action)
         game = self._game
         try:
-            game_reward = self._call(game.make_action, buttons, FRAMESKIP)
+            if self.seat is None:
+                game_reward = self._call(game.make_action, buttons, FRAMESKIP)
+            else:
+                game_reward = self._seated_tics(game, buttons)
             finished = game.is_episode_finished()
-            if not finished and self.num_bots > 0 and game.is_player_dead():
+            # A seat is respawned by the game's rules (sv_forcerespawn): respawn_player
+            # advances this player's game alone, which a network game waits on forever.
+            if not finished and self.seat is None and self.scenario.deathmatch and game.is_player_dead():
                 game.respawn_player()
                 finished = game.is_episode_finished()
             state = None if finished else game.get_state()
@@ -391,7 +425,7 @@ class DoomEnv(gym.Env):
                 truncated = not dead and game.is_episode_timeout_reached()
             else:
                 variables = np.asarray(state.game_variables, dtype=np.float64)
-        except VIZDOOM_FAILURES:
+        except SEAT_FAILURES:
             return self._crashed()
         self._episode_game_reward += game_reward
         reward = self._reward(game_reward, variables, self._vars)
@@ -404,6 +438,20 @@ class DoomEnv(gym.Env):
         self._last_obs = self._observe(state)
         return self._last_obs, reward, False, False, info
 
+    def _seated_tics(self, game, buttons) -> float:
+        """FRAMESKIP tics of a network game, each one waited for by every seat. With
+        a whole make_action(a, 4) each, a player's engine may run a tic ahead of
+        the others' commands and then wait for a tic they only send in their next
+        step, which waits for this one: both hang (ViZDoom 1.3.2, in the first step
+        of most games). One tic at a time, the seats never drift apart."""
+        reward = 0.0
+        for k in range(FRAMESKIP):
+            game.set_action(buttons)
+            self._call(game.advance_action, 1, k == FRAMESKIP - 1)
+            reward += game.get_last_reward()
+            self.seat.tic_barrier.wait(self.hang_timeout)
+        return reward
+
     def _crashed(self):
         """The engine died or hung mid-episode: end the episode as truncated (it did
         not end in the game), report the objective so far, restart at reset()."""
@@ -412,6 +460,16 @@ class DoomEnv(gym.Env):
         info = {**self._restarts_to_report(), "true_objective": self._objective(self._vars)}
         self._needs_reset = True
         return self._last_obs, 0.0, False, True, info
+
+    def end_engine(self) -> None:
+        """End this env's engine now, mid-episode or not; the next reset() starts a new
+        one (a match ends every seat's together: match.py)."""
+        self._end_game()
+        self._needs_reset = True
+
+    def objective_so_far(self) -> float:
+        """The true objective of the episode up to the last step."""
+        return self._objective(self._vars)
 
     def render(self):
         if self.render_mode == "rgb_array":

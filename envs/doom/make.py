@@ -1,5 +1,5 @@
-"""make_doom_env: the registry's entry point for doom_* names; turns the
-trainer's options into DoomEnv arguments."""
+"""make_doom_env and make_doom_match: the registry's entry points for doom_* names;
+they turn the trainer's options into DoomEnv arguments."""
 from __future__ import annotations
 
 import difflib
@@ -22,7 +22,32 @@ DOOM_OPTIONS = {
 def make_doom_env(name: str, seed: int | None = None, **options):
     """A DoomEnv for fastrl name `name`. Options other than DOOM_OPTIONS are
     ignored (the trainer passes one set to every env), except misspelt doom_* ones."""
-    scenario = get_scenario(name)
+    kwargs = _doom_kwargs(options)
+    try:
+        from fastrl.envs.doom.doom_env import DoomEnv
+    except ImportError as err:
+        raise _missing(name, err) from err
+    return DoomEnv(get_scenario(name), seed, **kwargs)
+
+
+def make_doom_match(name: str, seed: int | None = None, agents: int | None = None, **options) -> list:
+    """The agents of one DoomMatch of deathmatch scenario `name` (envs/doom/match.py):
+    one env per learning agent of the game, in seat order; options as make_doom_env's."""
+    kwargs = _doom_kwargs(options)
+    try:
+        from fastrl.envs.doom.match import DoomMatch
+    except ImportError as err:
+        raise _missing(name, err) from err
+    return DoomMatch(name, seed, agents, **kwargs).agents
+
+
+def _missing(name: str, err: ImportError) -> ImportError:
+    return ImportError(f"{name} needs ViZDoom and OpenCV, which are not installed ({err}); "
+                       "install them with: pip install 'fastrl[doom]'")
+
+
+def _doom_kwargs(options: dict) -> dict:
+    """DoomEnv's keyword arguments from the trainer's env options."""
     kwargs = {}
     for key, value in options.items():
         if key in DOOM_OPTIONS:
@@ -34,9 +59,4 @@ def make_doom_env(name: str, seed: int | None = None, **options):
             close = difflib.get_close_matches(key, list(DOOM_OPTIONS), n=1)
             hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(DOOM_OPTIONS)}"
             raise ValueError(f"unknown Doom option {key}{hint}")
-    try:
-        from fastrl.envs.doom.doom_env import DoomEnv
-    except ImportError as err:
-        raise ImportError(f"{name} needs ViZDoom and OpenCV, which are not installed ({err}); "
-                          "install them with: pip install 'fastrl[doom]'") from err
-    return DoomEnv(scenario, seed, **kwargs)
+    return kwargs

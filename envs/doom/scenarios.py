@@ -46,7 +46,12 @@ class DoomScenario:
     reward: str  # "game" | "battle" | "gathering" | "frags"
     objective: str  # "game_reward" | "kills" | "frags"
     description: str
-    bots: int = 0  # > 0: a deathmatch host with this many ViZDoom bots; the player respawns
+    bots: int = 0  # ViZDoom bots the game's host adds after each new episode
+    # A network deathmatch that fastrl hosts on 127.0.0.1 (-host N): players respawn
+    # where they die, episodes end only at the timeout, and several learning agents
+    # may play in one game (envs/doom/match.py).
+    deathmatch: bool = False
+    agents: int = 1  # learning agents in each game (DoomMatch seats); the default of --doom_agents
 
     def config_path(self) -> str:
         where, _, filename = self.config.partition(":")
@@ -102,7 +107,12 @@ SCENARIOS = {s.name: s for s in (
     DoomScenario(
         "doom_deathmatch", "fastrl:deathmatch.cfg", "cig.wad", "frags", "frags",
         "Deathmatch against ViZDoom bots on ViZDoom's cig.wad map01, respawning on death; "
-        "reward and true objective are frags.", bots=6),
+        "reward and true objective are frags.", bots=6, deathmatch=True),
+    DoomScenario(
+        "doom_duel", "fastrl:duel.cfg", "multi_duel.wad", "frags", "frags",
+        "Two learning agents against each other in one game on ViZDoom's multi_duel.wad, a small arena "
+        "(agents of different policies when --num_policies is 2 or more); reward and true objective are frags.",
+        deathmatch=True, agents=2),
     DoomScenario(
         "doom_basic", "vizdoom:basic.cfg", None, "game", "game_reward",
         "ViZDoom basic: shoot the monster in front of you as fast as possible."),

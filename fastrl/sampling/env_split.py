@@ -1,6 +1,10 @@
 """One env split inside a rollout worker: steps its envs with given actions,
 writes every transition straight into a trajectory buffer, handles episode
-ends (autoreset, truncation bootstrap obs, episode stats) and env failures."""
+ends (autoreset, truncation bootstrap obs, episode stats) and env failures.
+
+The agents of a multi-agent game (envs/doom/match.py) sit in several splits, one
+per agent, and step in two halves: `send` gives each its action, and `receive`
+waits for the results once every split of the game's step group has sent."""
 from __future__ import annotations
 
 import math
@@ -15,6 +19,43 @@ from fastrl.plumbing.seeding import episode_seed
 
 class EnvFailedError(RuntimeError):
     """An env kept raising; the message names it and carries its traceback."""
+
+
+def make_match_agents(spec, env_options: dict, seeds: list, agents: int, splits: int,
+                      on_env_made=lambda: None, threads: int = 1) -> list:
+    """The envs of a worker whose games each hold `agents` learning agents, in the
+    order make_envs returns them: split-major, `len(seeds) // splits` per split.
+    Split s belongs to step group s // agents and holds agent s % agents of each of
+    that group's games; the game at position i of a group takes its first agent's
+    seed (its other agents' seeds still give their episodes' seeds)."""
+    n = len(seeds) // splits
+    games = [(g, i) for g in range(splits // agents) for i in range(n)]
+    envs = [None] * len(seeds)
+
+    def slot(g: int, a: int, i: int) -> int:
+        return (g * agents + a) * n + i
+
+    def make(game):
+        g, i = game
+        made = spec.make_match(seed=seeds[slot(g, 0, i)], agents=agents, **env_options)
+        for a, env in enumerate(made):
+            envs[slot(g, a, i)] = env
+        on_env_made()
+
+    try:
+        if threads < 2 or len(games) < 2:
+            for game in games:
+                make(game)
+        else:
+            # The first alone, on the calling thread, as in make_envs.
+            make(games[0])
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="make-match") as pool:
+                for future in [pool.submit(make, game) for game in games[1:]]:
+                    future.result()
+    except BaseException:
+        close_envs([env for env in envs if env is not None])
+        raise
+    return envs
 
 
 def make_envs(spec, env_options: dict, seeds: list, on_env_made=lambda: None, threads: int = 1) -> list:
@@ -87,6 +128,8 @@ class SplitEnvs:
         self.finished = []  # (return, length, true_objective) of episodes ended since last drained
         self.restarts = 0
         self._on_restart = on_restart
+        # The agents of a multi-agent game step in two halves (send, receive).
+        self._two_halves = bool(self.envs) and hasattr(self.envs[0], "step_send")
 
     def _make(self, i: int):
         return self._spec.make(seed=self._seeds[i], **self._options)
@@ -132,6 +175,11 @@ class SplitEnvs:
                 f"env {i} of this worker ({self._spec.name}) failed {self._failures[i]} times in a row; "
                 f"its last error was:\n{tb}"
             )
+        if self._two_halves:
+            # An agent cannot be made again alone: its game's engines all restart at
+            # its next reset, the other agents' with it.
+            self.envs[i].recover()
+            return
         try:
             self.envs[i].close()
         except Exception:
@@ -153,14 +201,35 @@ class SplitEnvs:
     def step(self, buf: int, t: int) -> None:
         """Step every env with the actions at [buf, t]; write rewards, episode
         ends and the next observations at [buf, t+1]."""
+        self.send(buf, t)
+        self.receive(buf, t)
+
+    def send(self, buf: int, t: int) -> None:
+        """The first half of a step: give agents of multi-agent games their actions
+        at [buf, t] (other envs take theirs in `receive`)."""
+        if not self._two_halves:
+            return
+        actions = self._v["actions"][buf, t]
+        to_env = self._action_spec.to_env
+        for i in range(self.n):
+            self.envs[i].step_send(to_env(actions[i]))
+
+    def receive(self, buf: int, t: int) -> None:
+        """The second half: step every env (or, for the agents of multi-agent games,
+        wait for the step `send` began); write rewards, episode ends and the next
+        observations at [buf, t+1]."""
         v = self._v
         actions = v["actions"][buf, t]
         rewards, terminated, truncated = v["rewards"][buf, t], v["terminated"][buf, t], v["truncated"][buf, t]
         starts = v["episode_start"][buf, t + 1]
         to_env = self._action_spec.to_env
+        two_halves = self._two_halves
         for i in range(self.n):
             try:
-                obs, r, term, trunc, info = self.envs[i].step(to_env(actions[i]))
+                if two_halves:
+                    obs, r, term, trunc, info = self.envs[i].step_receive()
+                else:
+                    obs, r, term, trunc, info = self.envs[i].step(to_env(actions[i]))
                 # Only a step clears the count: a reset that works after every failed
                 # step must not let an env that can never step run forever.
                 self._failures[i] = 0

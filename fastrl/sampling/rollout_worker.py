@@ -1,7 +1,12 @@
 """Rollout worker process: steps its envs and writes trajectories into shared
 memory. With `--inference local` it also runs the policy on its own envs;
 with `--inference policy_worker` it asks the policy workers for actions and
-steps its other env split while they compute (double buffering)."""
+steps its other env split while they compute (double buffering).
+
+In games of several learning agents (doom_duel) the splits of a step group, one
+per agent, step together: each is acted for first (by its own policy), then all
+send their actions, then all receive (fastrl/sampling/env_split.py). A group of
+one split is what every other env has."""
 from __future__ import annotations
 
 import queue
@@ -17,11 +22,12 @@ from fastrl.plumbing.proc import pin_to_core, usable_cores, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed
 from fastrl.plumbing.stats_board import Timer
 from fastrl.plumbing.timeline import mark
-from fastrl.sampling.env_split import SplitEnvs, make_envs
+from fastrl.sampling.env_split import SplitEnvs, make_envs, make_match_agents
 from fastrl.sampling.inference import LocalPolicy, RemotePolicy
 
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/plumbing/polling.py)
 EPISODE_FLUSH_S = 0.5
+MATCH_START_THREADS = 8  # multi-agent games a worker starts at once
 
 
 class RolloutWorker:
@@ -56,8 +62,18 @@ class RolloutWorker:
         # cache): two workers already keep both cores busy, and made all at once
         # they then fill their first trajectories side by side, where otherwise
         # the first one done fills the first batch alone.
-        envs = make_envs(self.spec, env_options(cfg), seeds, on_env_made=self._env_made,
-                         threads=max(1, usable_cores() // cfg.num_workers))
+        threads = max(1, usable_cores() // cfg.num_workers)
+        agents = cfg.agents_per_game
+        if agents > 1:
+            # A game's start is mostly its players' network handshake, waiting: 8 games
+            # of doom_duel started in 2.8 s 8 at a time, 7.2 s one after another (AMD
+            # EPYC, 2 cores).
+            envs = make_match_agents(self.spec, env_options(cfg), seeds, agents, cfg.num_splits,
+                                     on_env_made=self._env_made, threads=max(threads, MATCH_START_THREADS))
+        else:
+            envs = make_envs(self.spec, env_options(cfg), seeds, on_env_made=self._env_made, threads=threads)
+        # The splits that step together: agent a of a group's games is in its split a.
+        self.groups = [list(range(g, g + agents)) for g in range(0, cfg.num_splits, agents)]
         self.splits = [SplitEnvs(self.spec, env_options(cfg), seeds[s * n:(s + 1) * n], envs[s * n:(s + 1) * n],
                                  self.views, ctx.action_spec, on_restart=self._publish_env_restarts)
                        for s in range(cfg.num_splits)]
@@ -115,12 +131,15 @@ class RolloutWorker:
         self.buf[s], self.t[s] = new, 0
         return True
 
-    def _step_envs(self, s: int) -> None:
-        split = self.splits[s]
+    def _step_group(self, group: list) -> None:
         with self.timer("busy_s"):
-            split.step(self.buf[s], self.t[s])
-        self.row.add("env_steps", split.n)
-        self.row.add("env_frames", split.n * self.frameskip)
+            for s in group:
+                self.splits[s].send(self.buf[s], self.t[s])
+            for s in group:
+                self.splits[s].receive(self.buf[s], self.t[s])
+        n = sum(self.splits[s].n for s in group)
+        self.row.add("env_steps", n)
+        self.row.add("env_frames", n * self.frameskip)
 
     def _publish_env_restarts(self) -> None:
         # At once, before the env's replacement is made: published after the step,
@@ -177,13 +196,15 @@ class RolloutWorker:
         b = self.ctx.buffers
         rnn = [torch.zeros(cfg.envs_per_split, policies[0].rnn_size) for _ in self.splits]
         while not self.ctx.stop.is_set():
-            for s in range(len(self.splits)):
-                buf, t = self.buf[s], self.t[s]
-                with self.timer("busy_s"):
-                    rnn[s] = acting[s].act_into(buf, t, rnn[s] * ~b.episode_start[buf, t, :, None])
-                self._step_envs(s)
-                if not self._advance(s, rnn[s]):
-                    return
+            for group in self.groups:
+                for s in group:
+                    buf, t = self.buf[s], self.t[s]
+                    with self.timer("busy_s"):
+                        rnn[s] = acting[s].act_into(buf, t, rnn[s] * ~b.episode_start[buf, t, :, None])
+                self._step_group(group)
+                for s in group:
+                    if not self._advance(s, rnn[s]):
+                        return
             self._flush_episodes()
 
     def _run_with_policy_workers(self) -> None:
@@ -191,18 +212,24 @@ class RolloutWorker:
         for s in range(len(self.splits)):
             with self.timer("comm_s"):
                 policy.request(s, self.buf[s], self.t[s])
+        answered: set = set()  # splits whose actions came, waiting for the rest of their group
         while not self.ctx.stop.is_set():
             with self.timer("wait_s"):
                 ready = policy.answered(QUEUE_TIMEOUT_S)
             if not ready:
                 self.row.beat()
                 continue
-            for s in ready:
-                self._step_envs(s)
-                if not self._advance(s, policy.rnn[s]):
-                    return
-                with self.timer("comm_s"):
-                    policy.request(s, self.buf[s], self.t[s])
+            answered.update(ready)
+            for group in self.groups:
+                if not answered.issuperset(group):
+                    continue
+                answered.difference_update(group)
+                self._step_group(group)
+                for s in group:
+                    if not self._advance(s, policy.rnn[s]):
+                        return
+                    with self.timer("comm_s"):
+                        policy.request(s, self.buf[s], self.t[s])
             self._flush_episodes()
 
 

@@ -115,21 +115,23 @@ class Candidate(NamedTuple):
     learner_threads: int
 
 
-def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, policies: int = 1) -> tuple:
+def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, policies: int = 1,
+                     agents: int = 1) -> tuple:
     """(forward, comm) per sample: a local worker acts on one split of its envs at a
     time; a policy worker batches about one split of every worker. With several
-    policies a split is one policy's share, and each forward one policy's."""
-    split = max(1, envs // splits_per_worker(inference, policies))
+    policies a split is one policy's share, and each forward one policy's; with
+    several agents in a game, one agent's."""
+    split = max(1, envs // splits_per_worker(inference, policies, agents))
     if inference == "local":
         return costs.forward(split), 0.0
     return costs.forward(workers * split), costs.comm_s
 
 
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-            epochs: int, rollout: int, batch: int, policies: int = 1) -> dict:
+            epochs: int, rollout: int, batch: int, policies: int = 1, agents: int = 1) -> dict:
     """Predicted rates (agent steps/s, all policies together) and lag of one layout;
-    see the module doc."""
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies)
+    see the module doc. `agents`: learning agents per game (Config.agents_per_game)."""
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
     if inference == "local":
         production = workers / (costs.env_s + forward)
         processes = workers + policies
@@ -160,7 +162,7 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
 
 
 def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-                epochs: int, policies: int = 1) -> int:
+                epochs: int, policies: int = 1, agents: int = 1) -> int:
     """The least niceness of the rollout workers at which Linux's fair share gives
     the learner the part of the cores the cost model has it need.
 
@@ -178,7 +180,7 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     learners = policies * learner_threads  # threads of all the learners
     if workers + pw + learners <= costs.cores:
         return 0
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies)
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
     learn = learner_threads * epochs * costs.train(learner_threads)
     need = min(learners, costs.cores * learn / (costs.env_s + forward + comm + learn))
     for nice in range(MAX_WORKER_NICE + 1):
@@ -195,13 +197,13 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
-    policies = cfg.num_policies
+    policies, agents = cfg.num_policies, cfg.agents_per_game
     candidates = []
     max_workers = max(1, 2 * costs.cores)
     for inference in allowed("inference", ["local", "policy_worker"]):
         for workers in allowed("num_workers", list(range(1, max_workers + 1))):
             for envs in allowed("num_envs_per_worker", list(ENVS_PER_WORKER)):
-                splits = splits_per_worker(inference, policies)
+                splits = splits_per_worker(inference, policies, agents)
                 if envs % splits or cfg.batch_size % (cfg.rollout * envs // splits):
                     continue
                 policy_options = [1] if inference == "local" else allowed(
@@ -211,7 +213,7 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                                       else sorted(t for t in costs.train_s if t <= costs.cores))
                     for threads in thread_options:
                         p = predict(costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
-                                    cfg.rollout, cfg.batch_size, policies)
+                                    cfg.rollout, cfg.batch_size, policies, agents)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
                             continue
                         candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
@@ -245,7 +247,7 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     buffers = cfg.num_buffers if "num_buffers" in explicit else dataclasses.replace(
         cfg, num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference, num_buffers=0).total_buffers
     nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
-        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies)
+        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies, agents)
     return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
                 num_policy_workers=c.policy_workers if c.inference == "policy_worker" else cfg.num_policy_workers,
                 learner_threads=c.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)

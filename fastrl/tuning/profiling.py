@@ -46,6 +46,7 @@ from fastrl.plumbing.caching_allocator import learner_memory
 from fastrl.plumbing.files import write_json
 from fastrl.plumbing.proc import on_one_core, pin_to_core, run_child, usable_cores
 from fastrl.plumbing.seeding import env_seed
+from fastrl.sampling.env_split import make_match_agents
 from fastrl.tuning.planner import Costs
 
 ENV_START_TIMEOUT_S = 300.0  # creating many ViZDoom games can take minutes on a busy machine
@@ -111,19 +112,30 @@ def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, 
         pin_to_core(index)  # as the rollout worker it stands for
     spec = get_spec(cfg.env)
     envs = []
+    agents = cfg.agents_per_game
+    count = max(agents, cfg.num_envs_per_worker // agents * agents)  # whole games
+    seeds = [env_seed(cfg.seed, index * count + i) for i in range(count)]
     try:
-        for i in range(cfg.num_envs_per_worker):
-            seed = env_seed(cfg.seed, index * cfg.num_envs_per_worker + i)
-            env = spec.make(seed=seed, **env_options(cfg))
-            envs.append(env)
+        if agents > 1:  # whole games, each agent an env stepped in two halves, as a rollout worker has them
+            envs = make_match_agents(spec, env_options(cfg), seeds, agents, agents)
+        else:
+            for seed in seeds:
+                envs.append(spec.make(seed=seed, **env_options(cfg)))
+        for env, seed in zip(envs, seeds):
             env.reset(seed=seed)
             env.action_space.seed(seed)
         ready.put(index)
         go.wait()
 
         def step_all() -> None:
+            if agents > 1:
+                for env in envs:
+                    env.step_send(env.action_space.sample())
             for env in envs:
-                _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                if agents > 1:
+                    _, _, terminated, truncated, _ = env.step_receive()
+                else:
+                    _, _, terminated, truncated, _ = env.step(env.action_space.sample())
                 if terminated or truncated:
                     env.reset()
 
@@ -661,7 +673,7 @@ def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
     the bench CLI, measures afresh. A profile that hit its cap is not cached: its
     numbers were taken under load, and every later run would plan from them."""
     setup_keys = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
-                  "pin_workers")
+                  "doom_agents", "pin_workers")
     # The cores this process may use are part of the setup: a profile taken on the whole
     # machine would plan a torchrun rank (or a taskset run) on its share for all of it.
     path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys},
