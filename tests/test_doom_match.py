@@ -74,6 +74,21 @@ def test_two_agents_share_a_game_end_together_and_each_scores_its_own_frags():
     assert not any(engine.game_segments(i) for i in ids if i)
 
 
+def test_two_learning_agents_join_a_deathmatch_with_bots():
+    match = DoomMatch("doom_deathmatch", seed=4, agents=2, episode_timeout=60, num_bots=2)
+    agents = match.agents
+    try:
+        for env in agents:
+            env.reset(seed=1)
+        results = step_all(agents, [noop(env) for env in agents])
+        assert not any(term or trunc for _, _, term, trunc, _ in results)
+        # Both agents are players of one game, with the host's bots: four in all.
+        assert [p.game.get_game_variable(vizdoom.GameVariable.PLAYER_COUNT) for p in match.players] == [4.0, 4.0]
+        assert not np.array_equal(results[0][0], results[1][0])  # each sees from its own player
+    finally:
+        match.close()
+
+
 def test_a_dead_engine_ends_every_agents_episode_and_the_next_reset_restarts_the_game():
     match = DoomMatch("doom_duel", seed=5, episode_timeout=400)
     agents = match.agents
