@@ -26,7 +26,7 @@ setup(
     # would clash with any other project's of that name.
     package_dir={"fastrl.envs": "envs"},
     # caching_allocator.cpp is built on the user's machine, at first use (fastrl/plumbing/caching_allocator.py).
-    package_data={"fastrl.envs.doom": ["scenarios/*"], "fastrl.plumbing": ["caching_allocator.cpp"]},
+    package_data={"fastrl.envs.doom": ["scenarios/*", "net_yield.c"], "fastrl.plumbing": ["caching_allocator.cpp"]},
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",

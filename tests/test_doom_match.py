@@ -11,7 +11,7 @@ from helpers import TrainRun, read_summary
 pytest.importorskip("vizdoom")
 pytest.importorskip("cv2")
 import vizdoom  # noqa: E402
-from fastrl.envs.doom import engine  # noqa: E402
+from fastrl.envs.doom import engine, net_yield  # noqa: E402
 from fastrl.envs.doom.match import DoomMatch  # noqa: E402
 from fastrl.envs.registry import get_spec  # noqa: E402
 
@@ -160,3 +160,41 @@ def test_two_policies_play_each_other_in_doom_duel_and_each_learner_gets_its_age
         assert policy["mean_objective_100"] is not None  # its agents finished episodes
     assert summary["samples_trained"] == sum(p["samples_trained"] for p in summary["policies"])
     assert run.leftover_processes() == [] and run.new_shm_entries() == set()
+
+
+def engine_environment(pid: int) -> dict:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        pairs = [item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item]
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the engines' environment from /proc")
+def test_only_the_engines_of_a_match_get_the_network_shim():
+    assert net_yield.library_path() is not None  # this machine has a C compiler
+    match = DoomMatch("doom_duel", seed=9, episode_timeout=400)
+    alone = get_spec("doom_deathmatch").make(seed=9, doom_num_bots=0)
+    try:
+        for pid in (p.engine_pid for p in match.players):
+            assert net_yield.library_path() in engine_environment(pid).get("LD_PRELOAD", "")
+        assert "doom-net-yield" not in engine_environment(alone.engine_pid).get("LD_PRELOAD", "")
+    finally:
+        match.close()
+        alone.close()
+
+
+def test_without_a_compiler_a_match_plays_on_without_the_shim(monkeypatch):
+    monkeypatch.setattr(net_yield, "_compiler", lambda: None)
+    monkeypatch.setattr(net_yield, "_tried", False)
+    monkeypatch.setattr(net_yield, "_built", None)
+    monkeypatch.delenv(net_yield.ENV_VAR, raising=False)
+    match = DoomMatch("doom_duel", seed=10, episode_timeout=400)
+    try:
+        assert net_yield.library_path() is None
+        assert all("doom-net-yield" not in engine_environment(p.engine_pid).get("LD_PRELOAD", "")
+                   for p in match.players)
+        for env in match.agents:
+            env.reset(seed=1)
+        results = step_all(match.agents, [noop(env) for env in match.agents])
+        assert not any(term or trunc for _, _, term, trunc, _ in results)
+    finally:
+        match.close()

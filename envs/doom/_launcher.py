@@ -50,6 +50,11 @@ def main() -> None:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         os.close(devnull)
+        # Its network loop spins while it waits for the other players; the shim
+        # (net_yield.c) gives the core away at each empty poll.
+        shim = os.environ.get("FASTRL_DOOM_NET_YIELD", "")
+        if shim and os.path.isfile(shim):
+            os.environ["LD_PRELOAD"] = " ".join(p for p in (shim, os.environ.get("LD_PRELOAD", "")) if p)
     # argv[0] stays the real engine path: the engine finds vizdoom.pk3 beside it.
     os.execv(engine, [engine] + sys.argv[2:])
 

@@ -139,6 +139,17 @@ def engine_launcher_path() -> str | None:
         return _launcher_path
 
 
+def private_dir() -> str | None:
+    """This user's folder for the files fastrl has the engines run (the launcher, the
+    network shim), or None if it is not safely ours."""
+    directory = os.path.join(tempfile.gettempdir(), f"fastrl-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None  # not ours, or writable by others: do not run code from it
+    return directory
+
+
 def _write_launcher() -> str | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -149,11 +160,9 @@ def _write_launcher() -> str | None:
     if not (os.access(engine, os.X_OK) and os.path.isfile(script)):
         return None
     body = "#!/bin/sh\n" f'exec {shlex.quote(sys.executable)} -I -S {shlex.quote(script)} {shlex.quote(engine)} "$@"\n'
-    directory = os.path.join(tempfile.gettempdir(), f"fastrl-{os.getuid()}")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        return None  # not ours, or writable by others: do not run code from it
+    directory = private_dir()
+    if directory is None:
+        return None
     digest = hashlib.sha1(body.encode()).hexdigest()[:12]
     path = os.path.join(directory, f"doom-engine-{digest}.sh")
     try:

@@ -33,6 +33,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import gymnasium as gym
+from fastrl.envs.doom import net_yield
 from fastrl.envs.doom.doom_env import DEFAULT_HANG_TIMEOUT_S, INIT_ATTEMPTS, DoomEnv
 from fastrl.envs.doom.scenarios import ENGINE_RECYCLE_EPISODES, get_scenario
 
@@ -90,6 +91,7 @@ class DoomMatch:
         self.engine_recycles = 0
         self._episodes_on_engines = 0
         self.hang_timeout = float(doom_kwargs.get("hang_timeout", DEFAULT_HANG_TIMEOUT_S))
+        net_yield.offer_to_engines()
         self.port = free_udp_port()
         self.tic_barrier = threading.Barrier(self.num_agents)
         self._pool = ThreadPoolExecutor(max_workers=self.num_agents, thread_name_prefix="doom-seat")
