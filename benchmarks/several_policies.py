@@ -48,11 +48,22 @@ def run_once(env: str, policies: int, frames: int, seed: int, train_args: list, 
         if os.path.isfile(log):
             with open(log) as fh:
                 rounds = len({json.loads(line)["round"] for line in fh if line.strip()} - {0})
+    # A policy replaced by PBT starts its 100-episode window again; in a short run of
+    # long episodes (doom_duel) no policy may have finished one since.
     returns = ([p["mean_return_100"] for p in summary["policies"] if p["mean_return_100"] is not None]
-               if policies > 1 else [summary["mean_return_100"]])
+               if policies > 1 else [r for r in [summary["mean_return_100"]] if r is not None])
     return {"fps": summary["fps"], "trained_fps": summary["measured_trained_frames_per_s"],
-            "best_return": max(returns), "returns": returns, "seconds": summary["wall_seconds"],
+            "best_return": max(returns) if returns else None, "returns": returns, "seconds": summary["wall_seconds"],
             "pbt_rounds_with_changes": rounds}
+
+
+def _median(values: list):
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _text(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main() -> int:
@@ -77,15 +88,15 @@ def main() -> int:
             each = " / ".join(f"{x:.2f}" for x in r["returns"])
             print(f"seed {seed}, {policies} polic{'y' if policies == 1 else 'ies'}: {r['fps']:,.0f} fps from launch, "
                   f"{r['trained_fps']:,.0f} trained in steady state, {r['seconds']:.0f} s; best return(100) "
-                  f"{r['best_return']:.2f} (each: {each}); PBT rounds that changed a policy: "
+                  f"{_text(r['best_return'])} (each: {each or '-'}); PBT rounds that changed a policy: "
                   f"{r['pbt_rounds_with_changes']}", flush=True)
-    med = {p: {k: statistics.median(r[k] for r in rs) for k in ("fps", "trained_fps", "best_return")}
+    med = {p: {k: _median([r[k] for r in rs]) for k in ("fps", "trained_fps", "best_return")}
            for p, rs in results.items()}
     one, many = med[1], med[args.policies]
     print(f"median, 1 policy: {one['fps']:,.0f} fps, {one['trained_fps']:,.0f} trained, "
-          f"best return {one['best_return']:.2f}")
+          f"best return {_text(one['best_return'])}")
     print(f"median, {args.policies} policies: {many['fps']:,.0f} fps, {many['trained_fps']:,.0f} trained, "
-          f"best return {many['best_return']:.2f}")
+          f"best return {_text(many['best_return'])}")
     print(f"{args.policies} policies / 1 policy: {many['fps'] / one['fps']:.2f}x fps from launch, "
           f"{many['trained_fps'] / one['trained_fps']:.2f}x trained in steady state; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
