@@ -4,6 +4,7 @@ import os
 
 import gymnasium
 import pytest
+import torch
 
 from fastrl.config import Config, ConfigError, build_parser, parse_args, validate
 from fastrl.presets import preset_for_actions
@@ -116,6 +117,22 @@ def test_continuous_actions_bring_their_learning_rate_unless_the_name_presets_se
     assert preset_for_actions("CartPole-v1", gymnasium.spaces.Discrete(2)) == {}
     assert preset_for_actions("LunarLander-v3", gymnasium.spaces.Discrete(4)) == {}
     assert preset_for_actions("doom_basic", box) == {}  # tuned as a whole: its own lr stands
+
+
+def test_a_fresh_models_normaliser_starts_from_the_envs_own_observations(tmp_path):
+    from fastrl.envs.registry import get_spec
+
+    from fastrl.runtime.runner import NORMALIZER_SEED_STEPS, first_observations, prepare_experiment
+
+    cfg = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off", normalize_obs=True, num_policies=2)
+    models = prepare_experiment(cfg, {"normalize_obs"})[5]
+    # The same frames again, from an env made as the runner made its own.
+    seen = first_observations(get_spec("CartPole-v1").make(seed=cfg.seed), NORMALIZER_SEED_STEPS)["obs"].double()
+    for model in models:  # every policy's, and the actor's encoder and the critic's alike
+        for encoder in [*model.encoders, *model.critic_encoders]:
+            assert encoder.norm.count.item() == NORMALIZER_SEED_STEPS
+            torch.testing.assert_close(encoder.norm.mean, seen.mean(0).float())
+            torch.testing.assert_close(encoder.norm.var, seen.var(0, unbiased=False).float())
 
 
 def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_the_user(tmp_path):

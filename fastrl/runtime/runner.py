@@ -36,6 +36,7 @@ from fastrl.algo.model import (
     flat_state_size,
     has_images,
     obs_layout,
+    obs_to_tensors,
     resolve_device,
 )
 from fastrl.config import (
@@ -231,6 +232,24 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         raise ConfigError(str(err)) from None
 
 
+# Observations the fresh models' normaliser starts from (--normalize_obs), taken from
+# the run's first env with random actions: ~0.1 s of Doom.
+NORMALIZER_SEED_STEPS = 64
+
+
+def first_observations(env, steps: int) -> dict:
+    """{key: [steps, ...]} of the observations `env` shows under random actions from
+    its next reset (reset again at each episode's end)."""
+    obs, _ = env.reset()
+    seen = []
+    for _ in range(steps):
+        seen.append({k: v.clone() for k, v in obs_to_tensors(obs, env.observation_space).items()})
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            obs, _ = env.reset()
+    return {k: torch.stack([o[k] for o in seen]) for k in seen[0]}
+
+
 def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     """Everything that can refuse the run, done before any process starts, the
     precision and the plan. Returns (cfg with the action space's presets and the
@@ -288,6 +307,13 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
         # --plan off too; once, here, for every process of the run.
         precision, one_thread = decide_precision(cfg, obs_space, action_space)
         mark("precision decided")
+        # A fresh model's normaliser starts from the env's own frames, not from mean 0
+        # and variance 1: with those the actors' first policy saw every pixel clipped
+        # to the same value, and the learner, which folds its first batch in before
+        # its first step, then judged that policy's actions by another input: the
+        # first step's approximate KL read 0.2-0.9 and warned of too high an lr.
+        seed_obs = (first_observations(env, NORMALIZER_SEED_STEPS)
+                    if cfg.normalize_obs and any(state is None for state in states) else None)
         plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, one_thread=one_thread,
                          announce=rank.main)
         mark("plan made")
@@ -305,6 +331,8 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     models = [build_model(cfg, obs_space, action_space) for _ in range(cfg.num_policies)]
     for model, state, path in zip(models, states, paths):
         if state is None:
+            if seed_obs is not None:
+                model.update_normalizer(seed_obs)
             continue
         try:
             model.load_state_dict(state["model"])
