@@ -22,6 +22,7 @@ from fastrl.learning.checkpoint import load_checkpoint, load_latest_checkpoint
 from fastrl.learning.learner import Learner
 from fastrl.plumbing.params import SharedParams
 from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.runtime.runner import NORMALIZER_SEED_STEPS
 
 # Small and quick: 8 envs, 16-step rollouts, one 128-sample buffer per batch, one
 # gradient step per batch. Every layout option is given, so neither the planner nor
@@ -459,8 +460,9 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     path1 = checkpoints(ckpt_dir)[-1]
     state1 = load_checkpoint(path1)
     counts1 = norm_counts(state1)
-    # Every batch folds all its batch_size observations into the statistics (actor's and critic's).
-    assert len(counts1) == 2 and counts1 == [state1["version"] * 128.0] * 2
+    # The runner's first frames, then every batch's batch_size observations, go into the
+    # statistics (actor's and critic's).
+    assert len(counts1) == 2 and counts1 == [NORMALIZER_SEED_STEPS + state1["version"] * 128.0] * 2
     assert any("norm" in k and k.endswith("var") and not torch.allclose(v, torch.ones_like(v))
                for k, v in state1["model"].items())
 
@@ -487,7 +489,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     assert resumed, second.output()
     assert norm_counts(resumed[0]) >= counts1  # continued, not started again from zero
     last = resumed[-1]
-    assert norm_counts(last) == [last["version"] * 128.0] * 2
+    assert norm_counts(last) == [NORMALIZER_SEED_STEPS + last["version"] * 128.0] * 2  # seeded once, not again
 
 
 def test_nan_rewards_skip_updates_and_training_goes_on(tmp_path):
