@@ -312,8 +312,12 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
         # to the same value, and the learner, which folds its first batch in before
         # its first step, then judged that policy's actions by another input: the
         # first step's approximate KL read 0.2-0.9 and warned of too high an lr.
-        seed_obs = (first_observations(env, NORMALIZER_SEED_STEPS)
-                    if cfg.normalize_obs and any(state is None for state in states) else None)
+        seed_obs = None
+        if cfg.normalize_obs and any(state is None for state in states):
+            try:
+                seed_obs = first_observations(env, NORMALIZER_SEED_STEPS)
+            except Exception:  # noqa: BLE001 - an env that fails to step is the rollout workers' to report
+                seed_obs = None
         plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, one_thread=one_thread,
                          announce=rank.main)
         mark("plan made")
