@@ -330,17 +330,15 @@ def validate(cfg: Config, writes: bool = True) -> None:
     if cfg.pbt_perturb_factor <= 1.0:
         raise ConfigError(f"--pbt_perturb_factor is {cfg.pbt_perturb_factor} but must be above 1, like 1.2.")
     if cfg.num_envs_per_worker % cfg.num_splits:
+        groups = f"--num_envs_per_worker {cfg.num_envs_per_worker} must be a multiple of the {cfg.num_splits} env groups"
+        fits = max(cfg.num_splits, cfg.num_envs_per_worker // cfg.num_splits * cfg.num_splits)
         if cfg.agents_per_game > 1:
             raise ConfigError(
-                f"--num_envs_per_worker {cfg.num_envs_per_worker} must be a multiple of the {cfg.num_splits} env groups "
-                f"each worker has with {cfg.agents_per_game} agents in each game of {cfg.env} "
-                f"(one per agent{', in two alternating sets' if cfg.inference == 'policy_worker' else ''}); use "
-                f"{max(cfg.num_splits, cfg.num_envs_per_worker // cfg.num_splits * cfg.num_splits)}.")
+                f"{groups} each worker has with {cfg.agents_per_game} agents in each game of {cfg.env} "
+                f"(one per agent{', in two alternating sets' if cfg.inference == 'policy_worker' else ''}); use {fits}.")
         if cfg.num_policies > 1:
-            raise ConfigError(
-                f"--num_envs_per_worker {cfg.num_envs_per_worker} must be a multiple of the {cfg.num_splits} env groups "
-                f"each worker has with --num_policies {cfg.num_policies} (one per policy); use "
-                f"{max(cfg.num_splits, cfg.num_envs_per_worker // cfg.num_splits * cfg.num_splits)}.")
+            raise ConfigError(f"{groups} each worker has with --num_policies {cfg.num_policies} (one per policy); "
+                              f"use {fits}.")
         raise ConfigError(
             f"--num_envs_per_worker {cfg.num_envs_per_worker} must be even with --inference policy_worker, "
             "because each worker's envs are split in two halves that alternate."

@@ -223,8 +223,7 @@ class DoomMatch:
     def _restart_engines(self, recycled: bool) -> None:
         """End every seat's engine; their next reset starts them together on a new
         port (the old one may still be held by an engine's socket)."""
-        for p in self.players:
-            p.end_engine()
+        self.end_engines()
         self.port = free_udp_port()
         self.tic_barrier = threading.Barrier(self.num_agents)
         self._episodes_on_engines = 0
@@ -232,8 +231,8 @@ class DoomMatch:
             self.engine_recycles += 1
 
     def end_engines(self) -> None:
-        """End every engine now; the next reset starts them all again (after an
-        agent env raised, which DoomEnv itself never does)."""
+        """End every engine now; the next reset starts them all again (a restart, a
+        recycling, or an agent env that raised, which DoomEnv itself never does)."""
         for p in self.players:
             p.end_engine()
 
@@ -254,7 +253,7 @@ class DoomAgentEnv(gym.Env):
 
     def __init__(self, match: DoomMatch, index: int):
         self.match, self.index = match, index
-        player = match.players[index]
+        player = self.player
         self.observation_space = player.observation_space
         self.action_space = player.action_space
         self.metadata = player.metadata
@@ -279,7 +278,7 @@ class DoomAgentEnv(gym.Env):
         self.match.end_engines()
 
     def render(self):
-        return self.match.players[self.index].render()
+        return self.player.render()
 
     def close(self) -> None:
         self.match.close()

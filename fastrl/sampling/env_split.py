@@ -43,15 +43,7 @@ def make_match_agents(spec, env_options: dict, seeds: list, agents: int, splits:
         on_env_made()
 
     try:
-        if threads < 2 or len(games) < 2:
-            for game in games:
-                make(game)
-        else:
-            # The first alone, on the calling thread, as in make_envs.
-            make(games[0])
-            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="make-match") as pool:
-                for future in [pool.submit(make, game) for game in games[1:]]:
-                    future.result()
+        _first_alone_then_together(make, games, threads, "make-match")
     except BaseException:
         close_envs([env for env in envs if env is not None])
         raise
@@ -79,15 +71,22 @@ def make_envs(spec, env_options: dict, seeds: list, on_env_made=lambda: None, th
         return env
 
     try:
-        if not spec.parallel_make or threads < 2 or len(seeds) < 3:
-            return [make(seed) for seed in seeds]
-        first = make(seeds[0])
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="make-env") as pool:
-            rest = [pool.submit(make, seed) for seed in seeds[1:]]
-        return [first] + [future.result() for future in rest]
+        return _first_alone_then_together(make, seeds, threads if spec.parallel_make else 1, "make-env")
     except BaseException:
         close_envs(envs)
         raise
+
+
+def _first_alone_then_together(make, keys: list, threads: int, name: str) -> list:
+    """[make(key) for key in keys], in the keys' order. With threads > 1 and three keys
+    or more, the first is made alone on the calling thread (make_envs says why) and
+    the rest `threads` at a time on threads called `name`."""
+    if threads < 2 or len(keys) < 3:
+        return [make(key) for key in keys]
+    first = make(keys[0])
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name) as pool:
+        rest = [pool.submit(make, key) for key in keys[1:]]
+    return [first] + [future.result() for future in rest]
 
 
 def close_envs(envs: list) -> None:
@@ -198,12 +197,6 @@ class SplitEnvs:
         if self._on_restart is not None:
             self._on_restart()
 
-    def step(self, buf: int, t: int) -> None:
-        """Step every env with the actions at [buf, t]; write rewards, episode
-        ends and the next observations at [buf, t+1]."""
-        self.send(buf, t)
-        self.receive(buf, t)
-
     def send(self, buf: int, t: int) -> None:
         """The first half of a step: give agents of multi-agent games their actions
         at [buf, t] (other envs take theirs in `receive`)."""
@@ -215,9 +208,10 @@ class SplitEnvs:
             self.envs[i].step_send(to_env(actions[i]))
 
     def receive(self, buf: int, t: int) -> None:
-        """The second half: step every env (or, for the agents of multi-agent games,
-        wait for the step `send` began); write rewards, episode ends and the next
-        observations at [buf, t+1]."""
+        """The second half, and the whole step of every other env: step every env with
+        the actions at [buf, t] (or, for the agents of multi-agent games, wait for the
+        step `send` began); write rewards, episode ends and the next observations at
+        [buf, t+1]."""
         v = self._v
         actions = v["actions"][buf, t]
         rewards, terminated, truncated = v["rewards"][buf, t], v["terminated"][buf, t], v["truncated"][buf, t]
