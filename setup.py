@@ -29,7 +29,7 @@ setup(
     package_data={"fastrl.envs.doom": ["scenarios/*", "net_yield.c"], "fastrl.plumbing": ["caching_allocator.cpp"]},
     python_requires=">=3.9",
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.4",  # 2.4: the fused Adam kernel on CPUs (fastrl/learning/adam.py)
         "numpy>=1.24",
         "faster-fifo>=1.5",
         "gymnasium>=0.29",

@@ -25,6 +25,7 @@ import torch
 
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
+from fastrl.learning.adam import FusedAdam
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.learning.compiled import COMPILE_KEY, CompiledEvaluate, auto_compiles
 from fastrl.plumbing import caching_allocator
@@ -72,7 +73,7 @@ class Learner:
         # Start from exactly the weights the runner published, which the actors already use.
         load_flat_state(self.model, self.params.flat.clone())
         self.model.to(self.device).train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = FusedAdam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
                                          auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
         self.version = self.params.version

@@ -41,6 +41,7 @@ from fastrl import envs
 from fastrl.algo.model import Precision, build_model, obs_zeros
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
+from fastrl.learning.adam import FusedAdam
 from fastrl.learning.learner import gradient_step
 from fastrl.plumbing.caching_allocator import learner_memory
 from fastrl.plumbing.files import write_json
@@ -406,7 +407,7 @@ class ModelBench:
         gen = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.learner = build_model(cfg, obs_space, action_space, precision.learning).to(dev)
-        self.optimizer = torch.optim.Adam(self.learner.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = FusedAdam(self.learner.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
                           for k, v in _fake_minibatch(cfg, self.learner, obs_space, gen).items()}
         # The forwards run on their own copy, as an actor does: the training steps

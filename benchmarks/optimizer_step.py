@@ -1,0 +1,92 @@
+"""The learner's Adam: fastrl's FusedAdam against torch.optim.Adam on this CPU.
+
+    python benchmarks/optimizer_step.py [--envs doom_battle CartPole-v1] [--seconds 10]
+
+Two costs, each for the env's real model (its weights, random gradients), on one
+thread as the learner runs:
+- one optimizer step, timed in interleaved rounds (one call of each per round, so
+  a busy second slows all alike): torch.optim.Adam as the learner made it before
+  (its default implementation, which on a CPU loops over the weights), torch's
+  fused=True, and fastrl.learning.adam.FusedAdam (the same kernel as fused=True);
+- the seconds from making the optimizer to the end of its first step in a fresh
+  process that has already imported torch, as a learner process has: what each
+  adds before a run's first trained batch (torch.optim imports torch._dynamo).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine line in every benchmark
+from fastrl.envs.registry import get_spec  # noqa: E402
+
+from fastrl.algo.model import build_model  # noqa: E402
+from fastrl.config import parse_args  # noqa: E402
+from fastrl.learning.adam import FusedAdam  # noqa: E402
+from fastrl.tuning.profiling import time_interleaved  # noqa: E402
+
+MAKERS = {
+    "torch.optim.Adam (default)": "torch.optim.Adam(params, lr=1e-4, eps=1e-6)",
+    "torch.optim.Adam(fused=True)": "torch.optim.Adam(params, lr=1e-4, eps=1e-6, fused=True)",
+    "fastrl FusedAdam": "FusedAdam(params, lr=1e-4, eps=1e-6)",
+}
+FIRST_STEP = """
+import time, torch
+from fastrl.learning.adam import FusedAdam
+params = [torch.nn.Parameter(torch.zeros(64, 64))]
+params[0].grad = torch.ones(64, 64)
+t = time.perf_counter()
+optimizer = {maker}
+optimizer.step()
+print(time.perf_counter() - t)
+"""
+
+
+def stepper(env: str, maker: str):
+    """One optimizer step of `maker` over `env`'s model, gradients set once."""
+    cfg, _ = parse_args(["--env", env])
+    obs_space, action_space = get_spec(cfg.env).spaces()
+    torch.manual_seed(0)
+    model = build_model(cfg, obs_space, action_space)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = eval(maker, {"torch": torch, "FusedAdam": FusedAdam, "params": params})
+    return sum(p.numel() for p in params), len(params), optimizer.step
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", nargs="+", default=["doom_battle", "CartPole-v1"])
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per env")
+    parser.add_argument("--launches", type=int, default=5, help="fresh processes per optimizer for the first step")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"optimizer_step: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread", flush=True)
+    for env in args.envs:
+        calls, size = {}, None
+        for name, maker in MAKERS.items():
+            size, tensors, step = stepper(env, maker)
+            calls[name] = (1, step)
+        timed = time_interleaved(calls, args.seconds).per_call
+        base = timed["torch.optim.Adam (default)"]
+        print(f"{env}: {size:,} weights in {tensors} tensors; one step, median of interleaved rounds:")
+        for name in MAKERS:
+            print(f"  {name:<30} {timed[name] * 1e3:8.3f} ms  ({timed[name] / base:.2f}x the default's)", flush=True)
+    print(f"first step in a fresh process with torch imported, median of {args.launches}:")
+    for name, maker in MAKERS.items():
+        code = FIRST_STEP.format(maker=maker)
+        seconds = [float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                        text=True).stdout) for _ in range(args.launches)]
+        print(f"  {name:<30} {statistics.median(seconds):6.3f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
