@@ -2,12 +2,15 @@
 
     python benchmarks/optimizer_step.py [--envs doom_battle CartPole-v1] [--seconds 10]
 
-Two costs, each for the env's real model (its weights, random gradients), on one
-thread as the learner runs:
+Three costs, each for the env's real model, on one thread as the learner runs:
 - one optimizer step, timed in interleaved rounds (one call of each per round, so
   a busy second slows all alike): torch.optim.Adam as the learner made it before
   (its default implementation, which on a CPU loops over the weights), torch's
-  fused=True, and fastrl.learning.adam.FusedAdam (the same kernel as fused=True);
+  fused=True, and fastrl.learning.adam.FusedAdam (the same kernel as fused=True),
+  with random gradients;
+- the learner's whole gradient step (forward, loss, backward, clipping, Adam) on a
+  minibatch of the trainer's shape, with torch.optim.Adam's default against
+  FusedAdam, interleaved the same way (--precision: the image encoders');
 - the seconds from making the optimizer to the end of its first step in a fresh
   process that has already imported torch, as a learner process has: what each
   adds before a run's first trained batch (torch.optim imports torch._dynamo).
@@ -26,10 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine line in every benchmark
 from fastrl.envs.registry import get_spec  # noqa: E402
 
-from fastrl.algo.model import build_model  # noqa: E402
+from fastrl.algo.model import Precision, build_model  # noqa: E402
 from fastrl.config import parse_args  # noqa: E402
 from fastrl.learning.adam import FusedAdam  # noqa: E402
-from fastrl.tuning.profiling import time_interleaved  # noqa: E402
+from fastrl.tuning.profiling import ModelBench, time_interleaved  # noqa: E402
 
 MAKERS = {
     "torch.optim.Adam (default)": "torch.optim.Adam(params, lr=1e-4, eps=1e-6)",
@@ -61,11 +64,22 @@ def stepper(env: str, maker: str):
     return sum(p.numel() for p in params), len(params), optimizer.step
 
 
+def learner_step(env: str, maker: str, precision: str):
+    """The learner's gradient step on `env`'s model with the optimizer `maker` makes."""
+    cfg, _ = parse_args(["--env", env])
+    obs_space, action_space = get_spec(cfg.env).spaces()
+    bench = ModelBench(cfg, obs_space, action_space, [1], Precision(precision, precision, ""))
+    params = list(bench.learner.parameters())
+    bench.optimizer = eval(maker, {"torch": torch, "FusedAdam": FusedAdam, "params": params})
+    return bench.train
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=["doom_battle", "CartPole-v1"])
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per env")
     parser.add_argument("--launches", type=int, default=5, help="fresh processes per optimizer for the first step")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"optimizer_step: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread", flush=True)
@@ -78,6 +92,13 @@ def main(argv=None) -> int:
         base = timed["torch.optim.Adam (default)"]
         print(f"{env}: {size:,} weights in {tensors} tensors; one step, median of interleaved rounds:")
         for name in MAKERS:
+            print(f"  {name:<30} {timed[name] * 1e3:8.3f} ms  ({timed[name] / base:.2f}x the default's)", flush=True)
+        steps = {name: (1, learner_step(env, MAKERS[name], args.precision))
+                 for name in ("torch.optim.Adam (default)", "fastrl FusedAdam")}
+        timed = time_interleaved(steps, args.seconds).per_call
+        base = timed["torch.optim.Adam (default)"]
+        print(f"{env}: the learner's gradient step ({args.precision}), median of interleaved rounds:")
+        for name in steps:
             print(f"  {name:<30} {timed[name] * 1e3:8.3f} ms  ({timed[name] / base:.2f}x the default's)", flush=True)
     print(f"first step in a fresh process with torch imported, median of {args.launches}:")
     for name, maker in MAKERS.items():
