@@ -74,12 +74,12 @@ ENV_PRESETS = {
 
 # Continuous actions (a Box action space), whatever the env's name. Known only once
 # an env is made, so applied then (preset_for_actions), under the name's presets.
-# At the classic-control lr of 1e-3 Pendulum-v1 reached -200 in ~25 s and then
+# At an lr of 1e-3 (the discrete default then) Pendulum-v1 reached -200 in ~25 s and then
 # fell back for seconds at a time on 3 of 3 seeds (one seed ended at -562 after
 # 150 s); at 3e-4 it reached -200 as fast (25.1 / 25.2 / 35.1 s) and never fell
 # back (AMD EPYC, 2 cores; benchmarks/README.md, thirteenth and fourteenth
 # sessions), with the Gaussian's mean held inside the bounds (GaussianSpec.mean)
-# in both. CartPole and LunarLander (discrete) keep 1e-3, where they are fastest.
+# in both. CartPole and LunarLander (discrete) take the default 2e-3, where they are fastest.
 _CONTINUOUS_ACTIONS = {"lr": 3e-4}
 
 

@@ -108,7 +108,7 @@ def test_env_presets_replace_defaults_but_never_explicit_options():
     assert (cfg.separate_critic, cfg.num_workers, cfg.ppo_epochs) == (False, 2, 1)  # from the Doom preset
     assert extra.explicit == {"env", "lr", "use_rnn"}
     plain, _ = parse_args(["--env", "CartPole-v1"])
-    assert (plain.separate_critic, plain.lr) == (True, 1e-3)
+    assert (plain.separate_critic, plain.lr) == (True, 2e-3)
 
 
 def test_continuous_actions_bring_their_learning_rate_unless_the_name_presets_set_one():
@@ -140,6 +140,7 @@ def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_
 
     cfg = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off")
     assert prepare_experiment(cfg, set())[0].lr == 3e-4
-    assert prepare_experiment(cfg, {"lr"})[0].lr == 1e-3  # --lr 1e-3 given: kept
+    given = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off", lr=1e-3)
+    assert prepare_experiment(given, {"lr"})[0].lr == 1e-3  # --lr 1e-3 given: kept
     discrete = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off")
-    assert prepare_experiment(discrete, set())[0].lr == 1e-3
+    assert prepare_experiment(discrete, set())[0].lr == 2e-3
