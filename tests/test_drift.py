@@ -1,5 +1,5 @@
 """DriftWatch: each warning fires once when its condition starts, again only after it cleared."""
-from fastrl.learning.drift import EV_NEGATIVE_REPORTS, DriftWatch
+from fastrl.learning.drift import EV_NEGATIVE_REPORTS, KL_TOO_LARGE_REPORTS, DriftWatch
 
 
 def test_entropy_collapse_warns_once_then_again_after_recovering():
@@ -13,9 +13,25 @@ def test_entropy_collapse_warns_once_then_again_after_recovering():
     assert len(watch.check({"entropy": 0.01})) == 1
 
 
+def _kl_warning(watch) -> str:
+    """The warning a KL that stays large brings, after the reports it must stay for."""
+    for _ in range(KL_TOO_LARGE_REPORTS - 1):
+        assert watch.check({"approx_kl": 0.5}) == []
+    (warning,) = watch.check({"approx_kl": 0.5})
+    return warning
+
+
+def test_a_kl_spike_is_not_a_drift_but_a_kl_that_stays_large_is():
+    watch = DriftWatch()
+    for _ in range(5):  # a learning run's single spikes, one report each
+        assert watch.check({"approx_kl": 0.2}) == [] and watch.check({"approx_kl": 0.02}) == []
+    assert "--lr" in _kl_warning(watch)
+    assert watch.check({"approx_kl": 0.5}) == []  # still large: no repeat
+
+
 def test_large_kl_and_a_useless_value_function():
     watch = DriftWatch()
-    assert "--lr" in watch.check({"approx_kl": 0.5})[0]
+    assert "--lr" in _kl_warning(watch)
     for _ in range(EV_NEGATIVE_REPORTS - 1):
         assert watch.check({"explained_variance": -0.3}) == []
     assert "explained variance" in watch.check({"explained_variance": -0.3})[0]
@@ -34,4 +50,5 @@ def test_no_entropy_warning_under_the_kl_to_uniform_term():
     watch = DriftWatch("symmetric_kl")
     assert watch.check({"entropy": 1.8}) == []
     assert watch.check({"entropy": 0.05}) == []
-    assert "--lr" in watch.check({"entropy": 0.05, "approx_kl": 0.5})[0]
+    assert watch.check({"entropy": 0.05}) == []
+    assert "--lr" in _kl_warning(watch)
