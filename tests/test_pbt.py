@@ -132,7 +132,10 @@ def test_a_learner_takes_the_best_policys_weights_and_its_new_hyperparameters():
                                 board=StatsBoard(["learner", "learner_1"]), hyper=hyper,
                                 precision=Precision("fp32", "fp32", "no image encoder"))
     learner = Learner(cfg, ctx, "cpu", None, 0, policy=1)
-    learner.optimizer.state[next(learner.model.parameters())]["step"] = torch.tensor(3.0)
+    for p in learner.model.parameters():
+        p.grad = torch.zeros_like(p)
+    learner.optimizer.step()  # moments of the old weights, which the new ones must not inherit
+    assert learner.optimizer.state
     assert not torch.equal(flat_state(learner.model), params[0].flat)
     new = {"lr": 4e-4, "entropy_coef": 0.02, "gamma": 0.95, "reward_scale": 2.0}
     hyper.set(1, new, copy_from=0)
