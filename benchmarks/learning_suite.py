@@ -292,8 +292,15 @@ def skip_reason(system: str, env: str) -> str | None:
 # One run
 
 
+def run_tag(args, system: str) -> str:
+    """The tag of `system`'s runs: a tag names the fastrl variant that --fastrl_extra
+    makes, so SB3 and Sample Factory, which it does not change, run untagged."""
+    return args.tag if system == "fastrl" or not args.fastrl_extra else ""
+
+
 def run_one(args, system: str, env: str, seed: int) -> dict:
-    exp = experiment_name(env, seed, args.tag)
+    tag = run_tag(args, system)
+    exp = experiment_name(env, seed, tag)
     log_path = os.path.join(args.out, "logs", f"{system}_{exp}.log")
     if system == "sf":
         cmd, cwd = sf_command(args, env, seed, exp), os.path.join(args.out, "sf")
@@ -324,7 +331,7 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
         problems.append("a traceback in its log")
     return {
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "tag": args.tag, "system": system, "env": env, "seed": seed, "seconds": args.seconds,
+        "tag": tag, "system": system, "env": env, "seed": seed, "seconds": args.seconds,
         "target": target, "curve": kept,
         "time_to_target": time_to_target(kept, target),
         "return_at_budget": return_at_budget(kept),
@@ -474,8 +481,9 @@ def main(argv=None) -> int:
                    help="extra fastrl.train options, one quoted string, e.g. \"--lr 3e-4 --rollout 64\" "
                         "(write --fastrl_extra=\"--opt\" when the string has no space)")
     p.add_argument("--tag", default="",
-                   help="name for this invocation's runs (e.g. the --fastrl_extra variant): kept in results.jsonl, "
-                        "shown beside the system in the table and plots, appended to experiment names")
+                   help="name for this invocation's runs (e.g. the --fastrl_extra variant; with --fastrl_extra, "
+                        "fastrl's runs only): kept in results.jsonl, shown beside the system in the table and plots, "
+                        "appended to experiment names")
     p.add_argument("--report_seconds", type=float, default=5.0,
                    help="seconds between fastrl's and SB3's reports (SF's are 5 s apart, fixed); time to target "
                         "is known to this resolution")
