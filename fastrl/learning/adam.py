@@ -2,7 +2,7 @@
 
 Why not `torch.optim.Adam` itself: every method of a torch optimizer is wrapped
 to keep torch.compile out of it, and the first call of any of them imports
-torch._dynamo, 1.25 s of one core in a process that already has torch (AMD EPYC).
+torch._dynamo, 1.0-1.25 s of one core in a process that already has torch (AMD EPYC).
 The learner makes its optimizer before its first batch, so every run paid that
 before its first trained batch: most of what a CartPole run spends after its
 envs are stepping. And on a CPU torch.optim.Adam's default update walks the
