@@ -80,10 +80,7 @@ ENV_PRESETS = {
 # back (AMD EPYC, 2 cores; benchmarks/README.md, thirteenth and fourteenth
 # sessions), with the Gaussian's mean held inside the bounds (GaussianSpec.mean)
 # in both. CartPole and LunarLander (discrete) take the default 2e-3, where they are fastest.
-# V-trace's lambda 0.95 (GAE's usual lambda, on-policy): Pendulum-v1 reached -200 in
-# 35 / 40 / 40 s against lambda 1's 50 / 65 / 45 s, seeds 0-2, same hour, with
-# returns at 90 s as good (benchmarks/README.md, twentieth session).
-_CONTINUOUS_ACTIONS = {"lr": 3e-4, "vtrace_lambda": 0.95}
+_CONTINUOUS_ACTIONS = {"lr": 3e-4}
 
 
 def preset_for(env_name: str) -> dict:

@@ -113,7 +113,7 @@ def test_env_presets_replace_defaults_but_never_explicit_options():
 
 def test_continuous_actions_bring_their_learning_rate_unless_the_name_presets_set_one():
     box = gymnasium.spaces.Box(-2.0, 2.0, (1,))
-    assert preset_for_actions("Pendulum-v1", box) == {"lr": 3e-4, "vtrace_lambda": 0.95}
+    assert preset_for_actions("Pendulum-v1", box) == {"lr": 3e-4}
     assert preset_for_actions("CartPole-v1", gymnasium.spaces.Discrete(2)) == {}
     assert preset_for_actions("LunarLander-v3", gymnasium.spaces.Discrete(4)) == {}
     assert preset_for_actions("doom_basic", box) == {}  # tuned as a whole: its own lr stands

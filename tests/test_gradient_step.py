@@ -116,7 +116,8 @@ def _reference_targets(model, batch, reward_scale, gamma):
 
 @pytest.mark.parametrize("reward_scale", [1.0, 0.1])
 def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_scale):
-    cfg = Config(env="CartPole-v1", reward_scale=reward_scale, gamma=0.9, normalize_advantages=False)
+    cfg = Config(env="CartPole-v1", reward_scale=reward_scale, gamma=0.9, normalize_advantages=False,
+                 vtrace_lambda=1.0)  # the reference is the plain return, lambda 1's target
     model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
     batch = _on_policy(model, _batch())
     values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma)
