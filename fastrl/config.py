@@ -126,10 +126,9 @@ class Config:
     max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest. "
                                "A learner step is one batch trained, and one policy version: ppo_epochs x num_minibatches "
                                "optimiser steps (as Sample Factory counts its policy versions).")
-    vtrace_lambda: float = _opt(0.95, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
+    vtrace_lambda: float = _opt(1.0, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
                                 "as GAE's lambda does (on-policy, V-trace with lambda is GAE(lambda)); 1 = the paper's V-trace. "
-                                "0.95, not 1: CartPole-v1, LunarLander-v3 and Pendulum-v1 reach their targets sooner "
-                                "(benchmarks/README.md, twentieth session).")
+                                "0.95 for envs with vector observations and on Doom, unless you set it (fastrl/presets.py).")
     normalize_returns: bool = _opt(True, "Keep running statistics of the value targets and train the value head on their "
                                    "z-scores, so the value loss's scale does not depend on the env's reward scale. On by default: "
                                    "a GRU core shared by the policy and the value saturates when asked for raw returns far from 1, "

@@ -73,7 +73,7 @@ ENV_PRESETS = {
 
 
 # Continuous actions (a Box action space), whatever the env's name. Known only once
-# an env is made, so applied then (preset_for_actions), under the name's presets.
+# an env is made, so applied then (preset_for_spaces), under the name's presets.
 # At an lr of 1e-3 (the discrete default then) Pendulum-v1 reached -200 in ~25 s and then
 # fell back for seconds at a time on 3 of 3 seeds (one seed ended at -562 after
 # 150 s); at 3e-4 it reached -200 as fast (25.1 / 25.2 / 35.1 s) and never fell
@@ -81,6 +81,14 @@ ENV_PRESETS = {
 # sessions), with the Gaussian's mean held inside the bounds (GaussianSpec.mean)
 # in both. CartPole and LunarLander (discrete) take the default 2e-3, where they are fastest.
 _CONTINUOUS_ACTIONS = {"lr": 3e-4}
+
+# Vector observations (classic control), whatever the actions: V-trace's lambda 0.95
+# (GAE's usual lambda). Against lambda 1, same hour, AMD EPYC: LunarLander-v3 reached
+# 200 at 341 s median against 452 s (6.6-7.7M frames against 9.0-10.5M), CartPole-v1
+# 300 at 3.9 s against 4.3 s, Pendulum-v1 -200 at 40.2 s against 50.3 s
+# (benchmarks/README.md, twentieth session). Image envs were not measured with it, so
+# they keep 1; the Doom family sets its own 0.95 among the settings it was tuned with.
+_VECTOR_OBSERVATIONS = {"vtrace_lambda": 0.95}
 
 
 def preset_for(env_name: str) -> dict:
@@ -93,13 +101,16 @@ def preset_for(env_name: str) -> dict:
     return values
 
 
-def preset_for_actions(env_name: str, action_space) -> dict:
-    """The defaults an env's action space brings, for the options its name's
-    presets leave alone: a doom_* or single-env preset is tuned as a whole and
-    keeps its own values."""
+def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
+    """The defaults an env's observation and action spaces bring, for the options
+    its name's presets leave alone: a doom_* or single-env preset is tuned as a
+    whole and keeps its own values."""
     import gymnasium
 
-    if not isinstance(action_space, gymnasium.spaces.Box):
-        return {}
+    values = {}
+    if isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1:
+        values.update(_VECTOR_OBSERVATIONS)
+    if isinstance(action_space, gymnasium.spaces.Box):
+        values.update(_CONTINUOUS_ACTIONS)
     named = preset_for(env_name)
-    return {k: v for k, v in _CONTINUOUS_ACTIONS.items() if k not in named}
+    return {k: v for k, v in values.items() if k not in named}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastrl.config import Config, ConfigError, build_parser, parse_args, validate
-from fastrl.presets import preset_for_actions
+from fastrl.presets import preset_for_spaces
 
 
 def test_every_field_has_help_and_a_flag():
@@ -111,12 +111,13 @@ def test_env_presets_replace_defaults_but_never_explicit_options():
     assert (plain.separate_critic, plain.lr) == (True, 2e-3)
 
 
-def test_continuous_actions_bring_their_learning_rate_unless_the_name_presets_set_one():
+def test_vector_observations_and_continuous_actions_bring_their_defaults_unless_the_name_presets_set_them():
     box = gymnasium.spaces.Box(-2.0, 2.0, (1,))
-    assert preset_for_actions("Pendulum-v1", box) == {"lr": 3e-4}
-    assert preset_for_actions("CartPole-v1", gymnasium.spaces.Discrete(2)) == {}
-    assert preset_for_actions("LunarLander-v3", gymnasium.spaces.Discrete(4)) == {}
-    assert preset_for_actions("doom_basic", box) == {}  # tuned as a whole: its own lr stands
+    vector, image = gymnasium.spaces.Box(-1.0, 1.0, (4,)), gymnasium.spaces.Box(0, 255, (3, 36, 36), "uint8")
+    assert preset_for_spaces("Pendulum-v1", vector, box) == {"lr": 3e-4, "vtrace_lambda": 0.95}
+    assert preset_for_spaces("CartPole-v1", vector, gymnasium.spaces.Discrete(2)) == {"vtrace_lambda": 0.95}
+    assert preset_for_spaces("ReactImage-v0", image, gymnasium.spaces.Discrete(2)) == {}  # images keep lambda 1
+    assert preset_for_spaces("doom_basic", image, box) == {}  # tuned as a whole: its own lr and lambda stand
 
 
 def test_a_fresh_models_normaliser_starts_from_the_envs_own_observations(tmp_path):

@@ -11,9 +11,12 @@ episode), at lr 1e-4 and at 1e-3. With the value head learning z-scored returns
 from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary
 
 # The pixel family's model and update (fastrl/presets.py), at a step size that
-# keeps the test short.
+# keeps the test short. In fp32: --precision auto chooses by timing, and where it
+# chose bf16 (acting in bf16 on an AMD EPYC, 0.95x fp32's time) this model stayed at
+# chance through 600k frames; `--precision bf16` did too through 300k, fp32 learned
+# by 130k. That is an open defect of bf16 on this task, not what this test checks.
 PIXEL_MODEL = ["--use_rnn", "true", "--separate_critic", "false", "--ppo_epochs", "1", "--num_minibatches", "1",
-               "--lr", "1e-3"]
+               "--lr", "1e-3", "--precision", "fp32"]
 
 
 def test_a_shared_gru_core_learns_to_see(tmp_path):

@@ -78,7 +78,7 @@ from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, learner_row, per_second
 from fastrl.plumbing.timeline import mark
-from fastrl.presets import preset_for_actions
+from fastrl.presets import preset_for_spaces
 from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.population import PopulationDriver
 from fastrl.runtime.sink import sink_main
@@ -298,8 +298,9 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
     mark("spec env made")
     try:
         obs_space, action_space = env.observation_space, env.action_space
-        from_actions = {k: v for k, v in preset_for_actions(cfg.env, action_space).items() if k not in explicit}
-        cfg = dataclasses.replace(cfg, **from_actions)
+        from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space).items()
+                       if k not in explicit}
+        cfg = dataclasses.replace(cfg, **from_spaces)
         if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
             raise ConfigError(f"--exploration_loss symmetric_kl needs discrete actions, but {cfg.env} has "
                               f"{action_space}; use --exploration_loss entropy.")
