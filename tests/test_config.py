@@ -145,3 +145,6 @@ def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_
     assert prepare_experiment(given, {"lr"})[0].lr == 1e-3  # --lr 1e-3 given: kept
     discrete = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off")
     assert prepare_experiment(discrete, set())[0].lr == 2e-3
+    # CartPole's observation is a vector, as the env made it: the spaces' preset reaches it.
+    assert prepare_experiment(discrete, set())[0].vtrace_lambda == 0.95
+    assert prepare_experiment(discrete, {"vtrace_lambda"})[0].vtrace_lambda == 1.0  # given: kept
