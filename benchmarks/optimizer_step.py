@@ -34,8 +34,9 @@ from fastrl.config import parse_args  # noqa: E402
 from fastrl.learning.adam import FusedAdam  # noqa: E402
 from fastrl.tuning.profiling import ModelBench, time_interleaved  # noqa: E402
 
+DEFAULT = "torch.optim.Adam (default)"
 MAKERS = {
-    "torch.optim.Adam (default)": "torch.optim.Adam(params, lr=1e-4, eps=1e-6)",
+    DEFAULT: "torch.optim.Adam(params, lr=1e-4, eps=1e-6)",
     "torch.optim.Adam(fused=True)": "torch.optim.Adam(params, lr=1e-4, eps=1e-6, fused=True)",
     "fastrl FusedAdam": "FusedAdam(params, lr=1e-4, eps=1e-6)",
 }
@@ -51,27 +52,33 @@ print(time.perf_counter() - t)
 """
 
 
-def stepper(env: str, maker: str):
-    """One optimizer step of `maker` over `env`'s model, gradients set once."""
-    cfg, _ = parse_args(["--env", env])
-    obs_space, action_space = get_spec(cfg.env).spaces()
+def make_optimizer(maker: str, params: list):
+    return eval(maker, {"torch": torch, "FusedAdam": FusedAdam, "params": params})
+
+
+def stepper(cfg, obs_space, action_space, maker: str):
+    """One optimizer step of `maker` over the model of `cfg`, gradients set once."""
     torch.manual_seed(0)
-    model = build_model(cfg, obs_space, action_space)
-    params = list(model.parameters())
+    params = list(build_model(cfg, obs_space, action_space).parameters())
     for p in params:
         p.grad = torch.randn_like(p)
-    optimizer = eval(maker, {"torch": torch, "FusedAdam": FusedAdam, "params": params})
-    return sum(p.numel() for p in params), len(params), optimizer.step
+    return make_optimizer(maker, params).step
 
 
-def learner_step(env: str, maker: str, precision: str):
-    """The learner's gradient step on `env`'s model with the optimizer `maker` makes."""
-    cfg, _ = parse_args(["--env", env])
-    obs_space, action_space = get_spec(cfg.env).spaces()
+def learner_step(cfg, obs_space, action_space, maker: str, precision: str):
+    """The learner's gradient step on the model of `cfg` with the optimizer `maker` makes."""
     bench = ModelBench(cfg, obs_space, action_space, [1], Precision(precision, precision, ""))
-    params = list(bench.learner.parameters())
-    bench.optimizer = eval(maker, {"torch": torch, "FusedAdam": FusedAdam, "params": params})
+    bench.optimizer = make_optimizer(maker, list(bench.learner.parameters()))
     return bench.train
+
+
+def report(title: str, calls: dict, seconds: float) -> None:
+    """Time `calls` ({name: fn}) in interleaved rounds; print each against the default's."""
+    timed = time_interleaved({name: (1, fn) for name, fn in calls.items()}, seconds).per_call
+    print(f"{title}, median of interleaved rounds:")
+    for name in calls:
+        print(f"  {name:<30} {timed[name] * 1e3:8.3f} ms  ({timed[name] / timed[DEFAULT]:.2f}x the default's)",
+              flush=True)
 
 
 def main(argv=None) -> int:
@@ -84,22 +91,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     print(f"optimizer_step: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread", flush=True)
     for env in args.envs:
-        calls, size = {}, None
-        for name, maker in MAKERS.items():
-            size, tensors, step = stepper(env, maker)
-            calls[name] = (1, step)
-        timed = time_interleaved(calls, args.seconds).per_call
-        base = timed["torch.optim.Adam (default)"]
-        print(f"{env}: {size:,} weights in {tensors} tensors; one step, median of interleaved rounds:")
-        for name in MAKERS:
-            print(f"  {name:<30} {timed[name] * 1e3:8.3f} ms  ({timed[name] / base:.2f}x the default's)", flush=True)
-        steps = {name: (1, learner_step(env, MAKERS[name], args.precision))
-                 for name in ("torch.optim.Adam (default)", "fastrl FusedAdam")}
-        timed = time_interleaved(steps, args.seconds).per_call
-        base = timed["torch.optim.Adam (default)"]
-        print(f"{env}: the learner's gradient step ({args.precision}), median of interleaved rounds:")
-        for name in steps:
-            print(f"  {name:<30} {timed[name] * 1e3:8.3f} ms  ({timed[name] / base:.2f}x the default's)", flush=True)
+        cfg, _ = parse_args(["--env", env])
+        spaces = get_spec(cfg.env).spaces()
+        weights = list(build_model(cfg, *spaces).parameters())
+        report(f"{env}: {sum(p.numel() for p in weights):,} weights in {len(weights)} tensors; one step",
+               {name: stepper(cfg, *spaces, maker) for name, maker in MAKERS.items()}, args.seconds)
+        report(f"{env}: the learner's gradient step ({args.precision})",
+               {name: learner_step(cfg, *spaces, MAKERS[name], args.precision)
+                for name in (DEFAULT, "fastrl FusedAdam")}, args.seconds)
     print(f"first step in a fresh process with torch imported, median of {args.launches}:")
     for name, maker in MAKERS.items():
         code = FIRST_STEP.format(maker=maker)
