@@ -109,6 +109,19 @@ def test_categorical_sampling_follows_probabilities():
     torch.testing.assert_close(freq1, probs[0, 2:], atol=0.015, rtol=0)
 
 
+def test_categorical_sampling_never_draws_an_impossible_action():
+    # Masked actions (logit -inf) have probability 0: the inverse-CDF draw must skip
+    # them wherever they sit, first, between two others or last.
+    spec = ActionSpec.from_space(gym.spaces.MultiDiscrete([4, 3]))
+    inf = float("inf")
+    logits = torch.tensor([[-inf, 0.0, -inf, 0.0, 0.0, 1.0, -inf]]).expand(50000, 7)
+    actions = spec.distribution(logits).sample()
+    assert set(actions[:, 0].tolist()) == {1, 3}
+    assert set(actions[:, 1].tolist()) == {0, 1}
+    freq = torch.bincount(actions[:, 1], minlength=3).float() / 50000
+    torch.testing.assert_close(freq[:2], torch.softmax(torch.tensor([0.0, 1.0]), 0), atol=0.01, rtol=0)
+
+
 @pytest.mark.parametrize("name", sorted(BOX_SPACES))
 def test_gaussian_matches_reference(name):
     space = BOX_SPACES[name]

@@ -63,12 +63,22 @@ class CategoricalProduct:
         self._counts = [count for count, _ in runs]
 
     def sample(self) -> torch.Tensor:
-        """Random actions, int64 [B, num_components]."""
+        """Random actions, int64 [B, num_components].
+
+        By inverse CDF: one uniform draw per component, and the action is the number
+        of cumulative probabilities below it. torch.multinomial would do the same
+        work, but it checks its input on the host (`.item()`), which a CUDA graph
+        cannot record (fastrl/cuda/graphs.py); this draws from the same distribution
+        with device work only. An action of probability 0 adds nothing to the
+        cumulative sum, so no draw lands on it; the clamp catches a draw above a last
+        sum that rounding left just under 1.
+        """
         picks = []
         for log_p in self._log_probs:
             batch, count, size = log_p.shape
-            probs = log_p.exp().reshape(batch * count, size)
-            picks.append(torch.multinomial(probs, 1).reshape(batch, count))
+            cdf = log_p.float().exp().cumsum(dim=-1)
+            u_t = torch.rand(batch, count, 1, dtype=cdf.dtype, device=cdf.device) * cdf[..., -1:]
+            picks.append((cdf < u_t).sum(dim=-1).clamp_max(size - 1))
         return torch.cat(picks, dim=1)
 
     def mode(self) -> torch.Tensor:
@@ -278,9 +288,17 @@ class GaussianSpec(ActionSpec):
 
     def mean(self, params: torch.Tensor) -> torch.Tensor:
         """The Gaussian's mean for `params` [B, action_dim]: inside the bounds where there are some."""
-        dev = params.device
-        bounded = self._centre.to(dev) + self._half_width.to(dev) * torch.tanh(params)
-        return torch.where(self._bounded.to(dev), bounded.to(params.dtype), params)
+        centre, half_width, is_bounded = self._constants(params.device)
+        bounded = centre + half_width * torch.tanh(params)
+        return torch.where(is_bounded, bounded.to(params.dtype), params)
+
+    def _constants(self, dev: torch.device) -> tuple:
+        """The bounds' tensors on `dev`, copied there once: a copy to a GPU per call
+        would wait for the host every step, which a CUDA graph cannot record."""
+        if self._centre.device != dev:
+            self._bounded, self._centre, self._half_width = (
+                t.to(dev) for t in (self._bounded, self._centre, self._half_width))
+        return self._centre, self._half_width, self._bounded
 
     def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
         """A DiagGaussian with mean `self.mean(params)` and std exp(log_std)."""
