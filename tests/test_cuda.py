@@ -1,5 +1,6 @@
 """fastrl.cuda: the CPU fallbacks here, the GPU paths wherever a CUDA device exists."""
 
+import pickle
 import warnings
 
 import gymnasium as gym
@@ -18,8 +19,9 @@ from fastrl.cuda.graphs import (
     make_policy_runner,
     pad_ladder,
 )
-from fastrl.cuda.ipc import copy_and_wait, device_param_buffer
+from fastrl.cuda.ipc import copy_and_wait, device_param_buffer, remove_driver_files
 from fastrl.cuda.staging import BatchStager, CudaStager, PassThroughStager
+from fastrl.plumbing.params import SharedParams, device_copies
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
 ACTION_SPACE = gym.spaces.MultiDiscrete([4, 4, 3])
@@ -155,6 +157,47 @@ def test_param_buffer_round_trips_through_a_spawned_process(device):
     assert buffer.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
+def _child_reads_params(params, copies, device, out):
+    # A policy worker's read: into a tensor on its own device, the version with it;
+    # on a GPU through the device copy the runner hands it apart from the context.
+    with device_copies([params], copies):
+        assert (params.on_device is not None) == (device == "cuda")
+        flat = torch.zeros(params.flat.shape, device=device)
+        version = params.read_if_newer(-1, flat)
+    out[0] = version
+    out[1:] = flat.cpu()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU_MARKS)])
+def test_a_published_version_reaches_another_process_on_its_device(device):
+    params = SharedParams(4, device)
+    assert (params.on_device is not None) == (device == "cuda")
+    weights = torch.tensor([0.5, -1.0, 2.0, 3.5], device=device)
+    params.publish(weights, version=7)
+    out = torch.zeros(5).share_memory_()
+    copies = [params.on_device] if device == "cuda" else None
+    child = tmp.get_context("spawn").Process(target=_child_reads_params, args=(params, copies, device, out))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert out.tolist() == [7.0, 0.5, -1.0, 2.0, 3.5]
+    # CPU readers (local actors, the evaluator) see the same version through the host copy.
+    host = torch.zeros(4)
+    assert params.read_if_newer(-1, host) == 7 and torch.equal(host, weights.cpu())
+
+
+def test_the_device_copy_of_the_weights_stays_out_of_the_pickled_context():
+    # Every child gets the shared context; a CUDA tensor in it would start CUDA in each
+    # (plumbing/params.py). Without a GPU a CPU tensor stands in for the device copy.
+    params = SharedParams(3)
+    params.on_device = torch.ones(3)
+    copy = pickle.loads(pickle.dumps(params))
+    assert copy.on_device is None and params.on_device is not None
+    with device_copies([copy], [params.on_device]):
+        assert copy.on_device is params.on_device
+    assert copy.on_device is None  # let go on leaving
+
+
 # -- GPU paths (skipped without a CUDA device) ----------------------------------------
 
 @needs_gpu
@@ -175,19 +218,27 @@ def test_staged_batches_equal_their_sources_while_prefetching():
 
 
 @needs_gpu
-def test_pinned_buffers_are_reused_and_reallocated_on_shape_change():
+def test_pinned_blocks_are_reused_grown_and_keep_the_layout():
     stager = BatchStager.for_device("cuda")
     stager.finish(stager.start(_batch()))
-    first = {path: buf.data_ptr() for path, buf in stager._pinned.items()}
-    assert all(buf.is_pinned() for buf in stager._pinned.values())
+    first = {path: block.data_ptr() for path, block in stager._pinned.items()}
+    assert all(block.is_pinned() for block in stager._pinned.values())
     assert set(first) == {("rewards",), ("actions",), ("obs", "image"), ("obs", "measurements")}
 
+    # Same shapes, and fewer rows (a final_obs with fewer truncations): the same blocks.
     stager.finish(stager.start(_batch(scale=2.0)))
-    assert {path: buf.data_ptr() for path, buf in stager._pinned.items()} == first
+    staged = stager.finish(stager.start(_batch(rows=3)))
+    assert {path: block.data_ptr() for path, block in stager._pinned.items()} == first
+    assert staged["rewards"].shape == (3, 2) and torch.equal(staged["rewards"].cpu(), _batch(rows=3)["rewards"])
 
     staged = stager.finish(stager.start(_batch(rows=9)))
-    assert stager._pinned[("rewards",)].shape == (9, 2)
-    assert staged["rewards"].shape == (9, 2)
+    assert stager._pinned[("rewards",)].numel() >= 9 * 2 * 4
+    assert staged["rewards"].shape == (9, 2) and torch.equal(staged["rewards"].cpu(), _batch(rows=9)["rewards"])
+
+    # A channels-last image (the trajectory buffers' layout) arrives channels-last.
+    image = torch.randint(0, 255, (5, 3, 6, 7), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    staged = stager.finish(stager.start({"obs": {"image": image}}))["obs"]["image"]
+    assert staged.stride() == image.stride() and torch.equal(staged.cpu(), image)
 
 
 def _sharpen(model):
@@ -280,3 +331,29 @@ def test_host_syncing_act_is_refused_and_the_runner_falls_back_to_eager():
     assert isinstance(runner, EagerPolicy)
     assert any("running eagerly" in str(w.message) for w in caught)
     assert torch.cuda.get_sync_debug_mode() == 0  # the probe restored the default
+
+
+def test_driver_files_of_gone_processes_are_removed_and_others_kept(tmp_path):
+    for name in ("cuda.shm.0.29f.1", "cuda.shm.0.29f.2", "cuda.shm.0.2a0.1", "ViZDoomSM29f", "cuda.shm.x"):
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    removed = remove_driver_files([0x29f], shm_dir=str(tmp_path))
+    assert sorted(removed) == ["cuda.shm.0.29f.1", "cuda.shm.0.29f.2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ViZDoomSM29f", "cuda.shm.0.2a0.1", "cuda.shm.x"]
+    assert remove_driver_files([0x29f], shm_dir=str(tmp_path / "missing")) == []
+
+
+@needs_gpu
+def test_graphed_bf16_acting_follows_a_weight_reload():
+    # bf16 encoders act through weight copies a graph reads by address; the policy
+    # copy refreshes them in place after each reload (model.refresh_acting_copies).
+    space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)
+    model = _sharpen(ActorCritic(space, ACTION_SPACE, use_rnn=True, rnn_size=16, conv_bf16=True).cuda().eval())
+    other = _sharpen(ActorCritic(space, ACTION_SPACE, use_rnn=True, rnn_size=16, conv_bf16=True).cuda().eval())
+    graphed = GraphedPolicy(model, [8], model.layout, model.rnn_state_size, "cuda", deterministic=True)
+    obs = {"obs": torch.randint(0, 256, (8, 3, 36, 36), dtype=torch.uint8, device="cuda")}
+    rnn = torch.zeros(8, 16, device="cuda")
+    load_flat_state(model, flat_state(other))
+    model.refresh_acting_copies()
+    with torch.no_grad():
+        want = other.act(obs, rnn, deterministic=True)
+    _assert_act_close(want, graphed(obs, rnn))

@@ -1,5 +1,5 @@
 """Imports point one way: entry points -> runtime -> tuning -> sampling / learning ->
-config -> plumbing / cuda -> algo, and the envs import nothing of the trainer
+config -> plumbing -> cuda -> algo, and the envs import nothing of the trainer
 (docs/design.md, "Layers"). Read from the sources with ast, every import counted,
 those inside functions too: a lazy import is still a dependency."""
 import ast
@@ -8,17 +8,18 @@ import os
 from helpers import REPO
 
 # Layer of each group; a module may import its own group or a lower layer. Two
-# groups on one layer (sampling and learning, plumbing and cuda) do not import
-# each other: a helper both need belongs a layer down.
+# groups on one layer (sampling and learning) do not import each other: a helper
+# both need belongs a layer down.
 RANK = {
     "root": -1,  # fastrl/__init__.py, which every import of fastrl runs anyway
     "algo": 0, "envs": 0,
-    "plumbing": 1, "cuda": 1,
-    "config": 2,
-    "sampling": 3, "learning": 3,
-    "tuning": 4,
-    "runtime": 5,
-    "entry": 6,
+    "cuda": 1,  # below plumbing: the published weights keep a device copy (plumbing.params)
+    "plumbing": 2,
+    "config": 3,
+    "sampling": 4, "learning": 4,
+    "tuning": 5,
+    "runtime": 6,
+    "entry": 7,
 }
 SUBPACKAGES = ("algo", "envs", "plumbing", "cuda", "sampling", "learning", "tuning", "runtime")
 TOP_LEVEL = {"config": "config", "presets": "config", "train": "entry", "enjoy": "entry", "bench": "entry",

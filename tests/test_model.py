@@ -394,3 +394,24 @@ def test_init_gains_reach_the_encoders_and_the_policy_head():
         torch.testing.assert_close(head.norm(dim=1), torch.full((3,), pol_gain))
         first = next(m for m in model.encoders.modules() if isinstance(m, torch.nn.Linear)).weight  # [16, 4]
         torch.testing.assert_close(first.norm(dim=0), torch.full((4,), enc_gain))
+
+
+def test_bf16_acting_copies_refresh_in_place_with_new_weights():
+    # A CUDA graph replays the bf16 copies' weights from their addresses, and runs no
+    # Python that could notice a reload: refresh_acting_copies must write the new
+    # weights into the same tensors, with the values a freshly built copy would hold.
+    space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)
+    model = ActorCritic(space, gym.spaces.Discrete(3), use_rnn=False, conv_bf16=True).eval()
+    other = ActorCritic(space, gym.spaces.Discrete(3), use_rnn=False, conv_bf16=True).eval()
+    obs = {"obs": torch.randint(0, 256, (4, 3, 36, 36), dtype=torch.uint8)}
+    with torch.no_grad():
+        model.act(obs, torch.zeros(4, 0))
+        held = [p.data_ptr() for p in model.encoders[0]._bf16_layers().parameters()]
+        load_flat_state(model, flat_state(other))
+        model.refresh_acting_copies()
+        layers = model.encoders[0].__dict__["_bf16_copy"]
+        assert [p.data_ptr() for p in layers.parameters()] == held
+        for copied, weight in zip(layers.parameters(), [*other.encoders[0].conv.parameters(),
+                                                        *other.encoders[0].fc.parameters()]):
+            assert torch.equal(copied, weight.to(torch.bfloat16))
+        torch.testing.assert_close(model.encoders[0](obs["obs"]), other.encoders[0](obs["obs"]))

@@ -279,10 +279,17 @@ def stop_then_kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_killed_policy_worker_is_restarted_and_the_run_goes_on(tmp_path, workers):
+GPU_MARKS = [pytest.mark.gpu,
+             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none")]
+
+
+@pytest.mark.parametrize("workers,device", [(1, "cpu"), (2, "cpu"), pytest.param(1, "cuda", marks=GPU_MARKS)])
+def test_a_killed_policy_worker_is_restarted_and_the_run_goes_on(tmp_path, workers, device):
     # With two, the healthy one is restarted with the dead one (inference.RemotePolicy says why).
-    run = start([*POLICY_WORKER_RUN, "--num_policy_workers", str(workers), "--train_dir", str(tmp_path)])
+    # On a GPU the dead worker held CUDA IPC mappings of the weights and CUDA graphs:
+    # nothing of it may be left behind either.
+    run = start([*POLICY_WORKER_RUN, "--num_policy_workers", str(workers), "--train_dir", str(tmp_path),
+                 "--device", device])
     policy_worker_restart(run, tmp_path, stop_then_kill, f"policy-worker {workers - 1} was killed by signal 9",
                           workers)
 

@@ -288,9 +288,18 @@ class ConvEncoder(nn.Module):
         """
         params = [*self.conv.parameters(), *self.fc.parameters()]
         key = tuple((p.data_ptr(), p._version) for p in params)
-        if self.__dict__.get("_bf16_key") != key:
+        if self.__dict__.get("_bf16_key") == key:
+            return self.__dict__["_bf16_copy"]
+        layers = self.__dict__.get("_bf16_copy")
+        if layers is None or next(layers.parameters()).device != params[0].device:
             self.__dict__["_bf16_copy"] = copy.deepcopy(nn.Sequential(self.conv, self.fc)).to(torch.bfloat16)
-            self.__dict__["_bf16_key"] = key
+        else:
+            # New values into the same tensors: a CUDA graph captured over these layers
+            # reads their weights from the addresses it saw (fastrl/cuda/graphs.py).
+            with torch.no_grad():
+                for held, weight in zip(layers.parameters(), params):
+                    held.copy_(weight)
+        self.__dict__["_bf16_key"] = key
         return self.__dict__["_bf16_copy"]
 
 
@@ -487,6 +496,14 @@ class ActorCritic(nn.Module):
 
     def _distribution(self, core_out: torch.Tensor):
         return self.action_spec.distribution(self.policy_head(core_out), self.log_std)
+
+    def refresh_acting_copies(self) -> None:
+        """Bring the bf16 encoders' weight copies for acting up to the weights now, in
+        place. A forward does this itself when it sees new weights, but a CUDA graph's
+        replay runs no Python: whoever replays one calls this after each reload."""
+        for encoder in [*self.encoders, *(self.critic_encoders or [])]:
+            if isinstance(encoder, ConvEncoder) and encoder.bf16:
+                encoder._bf16_layers()
 
     def act(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor, deterministic: bool = False) -> ActOutput:
         """One inference step for a batch of B envs.

@@ -21,11 +21,10 @@ A graph is frozen in three ways, and each shapes this module:
   (`.item()`, `.cpu()`, a data-dependent check) cannot be captured at all. Capture is
   therefore preceded by one eager run with torch's sync debug mode set to "error",
   which turns such an op into a clear `GraphCaptureError` instead of a failed or
-  corrupted capture. `make_policy_runner` then falls back to eager inference. In the
-  PyTorch sources checked while writing this, `torch.multinomial` without
-  replacement (the categorical sampler's draw) validates its input with `.item()`,
-  so discrete sampling is refused, while `deterministic=True` and Gaussian sampling
-  capture.
+  corrupted capture. `make_policy_runner` then falls back to eager inference.
+  `torch.multinomial` validates its input with `.item()`, which is why the
+  categorical sampler draws by inverse CDF instead (fastrl/algo/distributions.py):
+  discrete and Gaussian sampling, and `deterministic=True`, all capture.
 
 Random numbers: sampling inside a graph draws from the default CUDA generator's
 Philox stream. `torch.cuda.graph` registers that generator with the capture and the
@@ -157,7 +156,9 @@ class GraphedPolicy:
         # Run after the plain warm-up, so a genuine model error has already surfaced
         # as itself and any error here comes from the sync check.
         previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
+        with warnings.catch_warnings():  # torch warns, at every policy worker's start, that the mode is a prototype
+            warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+            torch.cuda.set_sync_debug_mode("error")
         try:
             self._act_static(self.sizes[0])
         except RuntimeError as err:
@@ -213,6 +214,9 @@ def make_policy_runner(
 
     On CUDA, a `GraphedPolicy` over `pad_ladder(max_batch)`; if the model's act()
     cannot be captured, a warning and an `EagerPolicy`. Elsewhere an `EagerPolicy`.
+    A capture that fails for another reason (a kernel or library that refuses graph
+    capture on this GPU) also falls back: inference that runs eagerly is slower,
+    a policy worker that dies over it stops the run.
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -222,6 +226,6 @@ def make_policy_runner(
             model, pad_ladder(max_batch), model.layout, model.rnn_state_size, device,
             deterministic=deterministic, example_obs=example_obs,
         )
-    except GraphCaptureError as err:
+    except RuntimeError as err:  # GraphCaptureError, or a failed capture
         warnings.warn(f"CUDA-graph inference is off, running eagerly: {err}", RuntimeWarning, stacklevel=2)
         return EagerPolicy(model, device, deterministic)

@@ -19,9 +19,22 @@ Rules that come with CUDA IPC:
   enqueued when `copy_` returns, so a version counter bumped, or a lock released,
   right after it can let another process read a half-written vector or see it
   overwritten mid-read. `copy_and_wait` waits for the copy to finish.
+- The CUDA driver keeps a small file, /dev/shm/cuda.shm.<n>.<pid in hex>.<n>, for
+  a process that takes part in IPC, and on an H200 machine (driver 580) a training
+  run left one behind after a clean exit. `remove_driver_files` deletes those of
+  processes that are gone; the process that allocates an IPC buffer deletes its own
+  at exit, when no other process can still need it.
 """
 
+import atexit
+import os
+import re
+
 import torch
+
+SHM_DIR = "/dev/shm"
+DRIVER_FILE = re.compile(r"^cuda\.shm\.\d+\.([0-9a-f]+)\.\d+$")
+_own_files_removed_at_exit = False
 
 
 def device_param_buffer(size: int, device) -> torch.Tensor:
@@ -32,8 +45,33 @@ def device_param_buffer(size: int, device) -> torch.Tensor:
     """
     device = torch.device(device)
     if device.type == "cuda":
+        global _own_files_removed_at_exit
+        if not _own_files_removed_at_exit:
+            atexit.register(remove_driver_files, [os.getpid()])
+            _own_files_removed_at_exit = True
         return torch.zeros(size, dtype=torch.float32, device=device)
     return torch.zeros(size, dtype=torch.float32).share_memory_()
+
+
+def remove_driver_files(pids, shm_dir: str = SHM_DIR) -> list:
+    """Delete the CUDA driver's /dev/shm files of these processes (see the module
+    doc); returns the names deleted. Only for processes that have exited, or for
+    this one at its exit: a live process may still need its file."""
+    wanted = {int(pid) for pid in pids}
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return removed
+    for name in names:
+        match = DRIVER_FILE.match(name)
+        if match and int(match.group(1), 16) in wanted:
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+                removed.append(name)
+            except OSError:
+                pass  # gone already, or not ours to delete
+    return removed
 
 
 def copy_and_wait(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -8,9 +8,13 @@ a GPU the upload is split in two so that batch k+1 travels while batch k trains:
 
 Why pinned memory: a copy from pageable memory is staged by the driver through its
 own pinned bounce buffer and blocks the host, so `non_blocking=True` would not hold.
-Pinning is expensive (page locking), so the buffers are allocated once per batch key
-and shape and reused; the learner's batch shapes are fixed by the config, so in
-steady state nothing is allocated.
+Pinning is expensive (page locking, about a millisecond per MB), so each batch key
+gets one pinned block, reused and only ever grown: most of a batch keeps its shape
+from batch to batch (the config fixes it), but the truncated steps' final
+observations change rows every batch, and re-pinning for them would cost more than
+their copy. A staged tensor keeps its source's memory layout (channels-last images
+stay channels-last), so the host copy is a straight memcpy and the model sees on
+the GPU what it sees on a CPU.
 
 Why a side stream: copies enqueued on the compute stream would wait behind the
 training kernels already queued there. On their own stream they run on the copy
@@ -76,7 +80,7 @@ class _Staged(NamedTuple):
 class CudaStager(BatchStager):
     """Uploads through reusable pinned host buffers on a dedicated side stream.
 
-    One pinned buffer per batch key (nested keys form a path). A start overwrites
+    One pinned block per batch key (nested keys form a path). A start overwrites
     those buffers, so it first waits on the host for the previous start's copies to
     finish reading them. One buffer set rather than two keeps pinned memory at one
     batch: the learner gathers the next batch on the host between two starts, which
@@ -126,10 +130,17 @@ class CudaStager(BatchStager):
         return out
 
     def _pinned_copy(self, path: Tuple[Any, ...], src: torch.Tensor) -> torch.Tensor:
-        buf = self._pinned.get(path)
-        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-            self._pinned[path] = buf
+        nbytes = src.numel() * src.element_size()
+        block = self._pinned.get(path)  # raw bytes, pinned
+        if block is None or block.numel() < nbytes:
+            # Doubling bounds the re-pinning of a key whose rows vary to log2 of its largest size.
+            grown = max(nbytes, 2 * block.numel()) if block is not None else nbytes
+            block = torch.empty(grown, dtype=torch.uint8, pin_memory=True)
+            self._pinned[path] = block
+        # empty_like keeps a dense tensor's strides (channels-last included) and makes
+        # anything else contiguous: the layout the pinned copy takes.
+        strides = torch.empty_like(src, device="meta").stride()
+        buf = block[:nbytes].view(src.dtype).as_strided(src.shape, strides)
         buf.copy_(src)
         return buf
 

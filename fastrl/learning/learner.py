@@ -25,12 +25,14 @@ import torch
 
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
+from fastrl.cuda.staging import BatchStager
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.learning.compiled import COMPILE_KEY, CompiledEvaluate, auto_compiles
 from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.params import device_copies
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.ranks import SOLO, Rank, local_counts, run_count
 from fastrl.plumbing.stats_board import Timer, learner_row
@@ -73,6 +75,7 @@ class Learner:
         # Start from exactly the weights the runner published, which the actors already use.
         load_flat_state(self.model, self.params.flat.clone())
         self.model.to(self.device).train()
+        self.stager = BatchStager.for_device(self.device)
         self.optimizer = FusedAdam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
                                          auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
@@ -132,7 +135,9 @@ class Learner:
                 if self._stop_agreed(stopping):
                     break
                 with self.timer("comm_s"):
-                    batch = ctx.buffers.gather(pending)
+                    # On a GPU the upload runs on a side stream from here on, while the
+                    # buffers go back and the hyperparameters are read.
+                    upload = self.stager.start(ctx.buffers.gather(pending))
                     put_many_polling(ctx.free_queue, pending, 10.0)
                     pending = []
                 self.row.add("samples_received", cfg.batch_size)
@@ -141,7 +146,7 @@ class Learner:
                 if ctx.hyper is not None:
                     self._take_hyper()
                 with self.timer("busy_s"):
-                    self.train_on(batch)
+                    self.train_on(self.stager.finish(upload))
                 if first:
                     mark("learner: first batch trained")
                     first = False
@@ -189,8 +194,8 @@ class Learner:
 
     # -- one batch ----------------------------------------------------------------------
     def train_on(self, batch: dict) -> None:
+        """One learner step on a batch already on the learner's device."""
         cfg, dev = self.cfg, self.device
-        batch = _to_device(batch, dev)
         lag, valid = lag_mask(self.version, batch["policy_version"], cfg.max_policy_lag)
         self._record_lag(lag, valid)
         if cfg.normalize_obs:
@@ -216,7 +221,7 @@ class Learner:
         self.row.add("samples_trained", valid.sum().item())
         self.version += 1
         self.row.set("learner_steps", self.version)
-        self.params.publish(flat_state(self.model).cpu(), self.version)
+        self.params.publish(flat_state(self.model), self.version)
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
         self.compiled.before_step(mb)
@@ -368,13 +373,6 @@ def final_values(model, mb: dict, ev) -> torch.Tensor:
     return v_final
 
 
-def _to_device(batch: dict, device: torch.device) -> dict:
-    if device.type == "cpu":
-        return batch
-    return {k: ({kk: vv.to(device, non_blocking=True) for kk, vv in v.items()} if isinstance(v, dict)
-                else v.to(device, non_blocking=True)) for k, v in batch.items()}
-
-
 def _columns(batch: dict, cols: torch.Tensor) -> dict:
     """The same env columns of every time-major tensor (rnn_state0 is [B, H]);
     final_obs rows are shared, addressed through final_row."""
@@ -392,5 +390,7 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
 
 
 def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int, rank: Rank = SOLO,
-                 shared_options: Optional[dict] = None, policy: int = 0) -> None:
-    Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy).run()
+                 shared_options: Optional[dict] = None, policy: int = 0, device_params: Optional[list] = None) -> None:
+    """`device_params`: on a GPU run, each policy's weights on the GPU (plumbing.params)."""
+    with device_copies(ctx.params, device_params):
+        Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy).run()

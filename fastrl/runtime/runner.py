@@ -49,6 +49,7 @@ from fastrl.config import (
     save_config,
     validate,
 )
+from fastrl.cuda.ipc import remove_driver_files
 from fastrl.learning import pbt
 from fastrl.learning.checkpoint import (
     CheckpointError,
@@ -422,6 +423,7 @@ class Runner:
         mark("shared context built")
         self.adapter.board = self.ctx.board
         self.processes: list = []
+        self.child_pids: list = []  # every child ever started, replaced ones too
         self.spawned: collections.Counter = collections.Counter()  # name -> processes started under it
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
         self.returns100 = self.earlier.returns100
@@ -454,7 +456,7 @@ class Runner:
         action_spec = ActionSpec.from_space(self.action_space)
         buffers = TrajectoryBuffers(cfg.total_buffers, cfg.rollout, cfg.envs_per_split, obs_layout(self.obs_space),
                                     action_spec.action_dim, action_spec.dtype, models[0].rnn_state_size)
-        params = [SharedParams(flat_state_size(model)) for model in models]
+        params = [SharedParams(flat_state_size(model), self.device) for model in models]
         for p, model, version in zip(params, models, self.versions0):
             p.publish(flat_state(model), version)
         rows = ["runner"] + [learner_row(k) for k in range(cfg.num_policies)] \
@@ -515,6 +517,7 @@ class Runner:
                             args=(name, threads or self.cfg.torch_threads, seed, self.error_queue, target, *args))
         p.start()
         self.processes.append(p)
+        self.child_pids.append(p.pid)
         return p
 
     def start(self) -> None:
@@ -522,16 +525,24 @@ class Runner:
         if self.learn:
             for k in range(cfg.num_policies):
                 self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, self.resume_paths[k],
-                            self.frames_offset, self.rank, shared_options(cfg), k, threads=cfg.learner_threads)
+                            self.frames_offset, self.rank, shared_options(cfg), k, self.device_params(),
+                            threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
-            self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device)
+            self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, cfg, i, ctx, self.device,
+                                                   self.device_params())
         for i in range(cfg.num_workers):
             self.rollout_processes[i] = self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
         if cfg.eval_every_frames > 0 and self.learn and self.rank.main:
             self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.frames_offset)
         mark("children spawned")
+
+    def device_params(self) -> Optional[list]:
+        """Each policy's weights on the GPU, for the children that compute there (None
+        on a CPU run); the shared context carries only their host copy."""
+        copies = [p.on_device for p in self.ctx.params]
+        return None if copies[0] is None else copies
 
     def replace_rollout_worker(self, dead, index: int) -> None:
         self.processes.remove(dead)
@@ -543,7 +554,7 @@ class Runner:
         for i, dead in self.policy_processes.items():
             self.processes.remove(dead)
             self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, self.cfg, i, self.ctx,
-                                                   self.device)
+                                                   self.device, self.device_params())
 
     def stop_children(self) -> list:
         """Ask everyone to stop, wait, then escalate. Returns names that had to be killed.
@@ -569,6 +580,8 @@ class Runner:
                 p.kill()
                 p.join(3.0)
                 killed.append(p.name)
+        if torch.device(self.device).type == "cuda":
+            remove_driver_files(self.child_pids)  # their CUDA IPC files (fastrl.cuda.ipc); they are gone
         return killed
 
     # -- watching -----------------------------------------------------------------------

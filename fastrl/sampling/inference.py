@@ -11,36 +11,44 @@ import queue
 import torch
 
 from fastrl.algo.model import build_model, load_flat_state
+from fastrl.cuda.graphs import make_policy_runner
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import BoardRow
 
 
 class PolicyCopy:
-    """A read-only copy of one policy's model (its learner's) on `device`."""
+    """A read-only copy of one policy's model (its learner's) on `device`.
 
-    def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu", policy: int = 0):
+    On a GPU it acts through CUDA graphs captured for batches of up to `max_batch`
+    rows (fastrl.cuda.graphs); new weights are copied into the captured tensors in
+    place, so the graphs stay valid across versions."""
+
+    def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu", policy: int = 0,
+                 max_batch: int = 1):
         self.ctx, self.row = ctx, row
         self.params = ctx.params[policy]
         self.device = torch.device(device)
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.acting).to(self.device)
         self.model.eval()
         self.rnn_size = self.model.rnn_state_size
-        self._flat = torch.zeros_like(self.params.flat)
+        self._flat = torch.zeros(self.params.flat.shape, device=self.device)
         self.version = -1
         self.refresh()
+        self._act = make_policy_runner(self.model, self.device, max_batch)
 
     def refresh(self) -> None:
         version = self.params.read_if_newer(self.version, self._flat)
         if version != self.version:
-            load_flat_state(self.model, self._flat.to(self.device))
+            load_flat_state(self.model, self._flat)
+            self.model.refresh_acting_copies()  # what a CUDA graph's replay reads
             self.version = version
             self.row.add("policy_reloads", 1)
 
     @torch.no_grad()
     def act(self, obs: dict, rnn_state: torch.Tensor):
         self.refresh()
-        out = self.model.act({k: v.to(self.device) for k, v in obs.items()}, rnn_state.to(self.device))
+        out = self._act(obs, rnn_state)
         self.row.add("inference_batches", 1)
         self.row.add("inference_samples", out.actions.shape[0])
         return out

@@ -11,6 +11,7 @@ import time
 import torch
 
 from fastrl.plumbing.context import SharedContext
+from fastrl.plumbing.params import device_copies
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import Timer
 from fastrl.sampling.inference import PolicyCopy
@@ -18,10 +19,19 @@ from fastrl.sampling.inference import PolicyCopy
 QUEUE_TIMEOUT_S = 0.1
 
 
-def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str) -> None:
+def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str, device_params: list | None = None) -> None:
+    """`device_params`: on a GPU run, each policy's weights on the GPU (plumbing.params)."""
+    with device_copies(ctx.params, device_params):
+        _serve(cfg, index, ctx, device)
+
+
+def _serve(cfg, index: int, ctx: SharedContext, device: str) -> None:
     row = ctx.board.row(f"policy_{index}")
     timer = Timer(row)
-    policies = [PolicyCopy(cfg, ctx, row, device, policy=k) for k in range(cfg.num_policies)]
+    # One forward answers at most every split of every worker; on a GPU that bounds the
+    # batch sizes the CUDA graphs are captured for.
+    max_batch = cfg.num_workers * cfg.num_splits * cfg.envs_per_split
+    policies = [PolicyCopy(cfg, ctx, row, device, policy=k, max_batch=max_batch) for k in range(cfg.num_policies)]
     wait_s = cfg.inference_batch_wait_ms / 1000.0
     # The supervisor started this worker after every older one died; a request sent
     # before that is stale, and its sender re-sends it (inference.RemotePolicy).
