@@ -61,6 +61,23 @@ def test_policy_workers_when_inference_is_expensive_and_cores_many():
     assert plan.inference == "policy_worker"
 
 
+def test_on_a_gpu_the_learner_and_policy_workers_are_costed_at_the_gpus_time():
+    # doom_battle's costs as a 16-core H200 machine measured them (benchmarks/README.md):
+    # an env step of 435 us a core, a CPU forward of 110-143 us a sample, the learner's
+    # GPU step 28 us a sample. Read as CPU costs, a 1-ms learner holds the run to a
+    # few workers; on the GPU it keeps up with nearly every core stepping envs, and
+    # their forwards go to a GPU policy worker rather than cost a third more per step.
+    cpu_forward = {16: 143e-6, 128: 110e-6}
+    gpu = Costs(cores=16, env_s=435e-6, forward_s=cpu_forward, train_s={1: 28e-6}, gpu=True,
+                device_forward_s={16: 60e-6, 64: 16e-6, 256: 5e-6, 1024: 1.5e-6})
+    doom = cfg(max_policy_lag=100, ppo_epochs=1)
+    plan = choose(gpu, doom, explicit=set())
+    assert plan.inference == "policy_worker" and plan.num_workers >= 12 and plan.learner_threads == 1
+    as_cpu = choose(dataclasses.replace(gpu, gpu=False, train_s={1: 1e-3}), doom, explicit=set())
+    assert as_cpu.num_workers <= 4
+    assert plan.predicted["trained_steps_per_s"] > 10 * as_cpu.predicted["trained_steps_per_s"]
+
+
 def test_a_near_tie_goes_to_actors_that_outpace_the_learner():
     # doom_battle-like costs on 2 cores: one worker of 32 envs is predicted within
     # TIE of two workers, but it would keep the learner waiting for samples.
@@ -214,6 +231,41 @@ def test_the_profile_takes_the_models_one_thread_costs_and_times_the_learner_on_
     finally:
         env.close()
     assert capped
+
+
+def test_on_a_gpu_run_the_profile_times_the_learner_and_policy_worker_forwards_on_the_gpu(monkeypatch):
+    # Without a GPU here, the GPU's timing is recorded rather than run: the call the
+    # profile makes for it, and that its numbers (not the CPU's) become the costs.
+    from fastrl.algo.model import Precision
+    from fastrl.tuning import profiling
+
+    real = profiling.measure_model
+    gpu_calls = []
+
+    def measure(cfg_, obs_space, action_space, batch_sizes, threads, seconds, device="cpu", **kw):
+        if device == "cpu":
+            return real(cfg_, obs_space, action_space, batch_sizes, threads, seconds, device, **kw)
+        gpu_calls.append((cfg_.batch_size, tuple(batch_sizes), tuple(threads)))
+        return profiling.ModelProfile(device="cuda:0", threads=[1], forward_batch_sizes=list(batch_sizes),
+                                      forward_s_per_sample={1: {b: 1e-3 / b for b in batch_sizes}},
+                                      train_minibatch=cfg_.batch_size, ppo_epochs=1, train_s_per_sample={1: 2e-6},
+                                      capped=False)
+
+    monkeypatch.setattr(profiling, "measure_model", measure)
+    monkeypatch.setattr(profiling, "resolve_device", lambda cfg_: "cuda")
+    env = _cartpole()
+    try:
+        costs, _ = profiling.profile_costs(cfg(hidden_sizes="16", rollout=8, batch_size=512), env,
+                                           env.observation_space, env.action_space, 0.3,
+                                           Precision("fp32", "fp32", "test"), math.inf)
+    finally:
+        env.close()
+    # The run's own minibatch (not the CPU profile's 8 trajectories), at a GPU policy
+    # worker's batch sizes; the CPU forwards still timed for local actors.
+    assert gpu_calls == [(512, profiling.DEVICE_FORWARD_BATCHES, (1,))]
+    assert costs.gpu and costs.train_s == {1: 2e-6}
+    assert costs.device_forward_s == {b: 1e-3 / b for b in profiling.DEVICE_FORWARD_BATCHES}
+    assert set(costs.forward_s) == set(profiling.FORWARD_BATCHES) and costs.forward_s[4] > 0
 
 
 def _learner_share(costs, plan) -> float:

@@ -68,8 +68,8 @@ def fake_measurement(monkeypatch, acting: float, learning: float, capped: bool =
     entry per measurement."""
     calls = []
 
-    def measure(cfg_, obs_space, action_space, seconds, cap_s):
-        calls.append(obs_space)
+    def measure(cfg_, obs_space, action_space, seconds, cap_s, device="cpu"):
+        calls.append((obs_space, device))
         return timings(acting, learning), capped
 
     monkeypatch.setattr(precision, "measure_precision", measure)
@@ -105,7 +105,6 @@ def test_acting_weighs_every_batch_size_alike():
 
 @pytest.mark.parametrize("why, options, native, obs", [
     ("auto: this CPU has no native bf16", {}, False, IMAGE),
-    ("auto: bf16 is not measured on GPUs yet", {"device": "cuda"}, True, IMAGE),
     ("no image encoder", {}, True, VECTOR),
 ])
 def test_fp32_without_measuring_where_bf16_cannot_pay(monkeypatch, cache, why, options, native, obs):
@@ -119,6 +118,25 @@ def test_fp32_without_measuring_where_bf16_cannot_pay(monkeypatch, cache, why, o
     monkeypatch.setattr(precision, "model_calls", never)
     assert resolve_precision(cfg(**options), obs, ACTIONS) == Precision("fp32", "fp32", why)
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("acting, learning, chosen", [(1.07, 1.09, ("fp32", "fp32")), (0.5, 0.6, ("bf16", "bf16"))])
+def test_on_a_gpu_auto_times_both_on_the_gpu_whatever_the_cpu(monkeypatch, cache, acting, learning, chosen):
+    # The CPU's bf16 instructions say nothing about the GPU's: it is timed there (the
+    # first pair is what an H200 measured for the Doom model), cached apart from the
+    # CPU's timings, and the profile times the CPU's own costs (no one-thread costs).
+    set_native_bf16(monkeypatch, False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "a GPU")  # (the cache key names it)
+    calls = fake_measurement(monkeypatch, acting, learning)
+    for _ in range(2):
+        chosen_now, one_thread = precision.decide_precision(cfg(device="cuda"), IMAGE, ACTIONS)
+        assert (chosen_now.acting, chosen_now.learning) == chosen and "on the GPU" in chosen_now.why
+        assert one_thread is None
+    assert [device for _, device in calls] == ["cuda"]  # the second run read the cache
+    set_native_bf16(monkeypatch, True)
+    precision.decide_precision(cfg(device="cpu"), IMAGE, ACTIONS)
+    assert [device for _, device in calls] == ["cuda", "cpu"]
 
 
 @pytest.mark.parametrize("forced", ["fp32", "bf16"])

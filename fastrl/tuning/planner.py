@@ -14,6 +14,10 @@ Rates it predicts, in agent steps/s, for W rollout workers of E envs:
     TR_L (consumption)  1 / (epochs * train[t])                  t = learner threads
     TR_C (the cores)    C / (env + forward + epochs * t * train[t] + comm)
     trained = min(TR_A, TR_L, TR_C)
+On a GPU (Costs.gpu) the learner's train cost and a policy worker's forward are
+the GPU's wall seconds, timed on it: each of those processes keeps one core busy
+for as long (it launches the work and waits for it), so the same formulas hold
+with learner threads at 1, and local actors keep their CPU forward cost.
 TR_C is the limit when every process wants a core (processes > cores): then the
 layout only decides how little is wasted, and the workers' niceness (worker_nice)
 lets the kernel give the learner the share of the cores TR_C assumes. Lag: a
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
@@ -59,7 +64,8 @@ class Costs:
     forward_s: dict  # batch size -> core-seconds per sample of inference
     train_s: dict  # learner threads -> wall seconds per sample of one gradient pass
     comm_s: float = 50e-6  # per sample of a policy-worker round trip
-    gpu: bool = False
+    gpu: bool = False  # the learner and policy workers compute on a GPU; train_s is its wall time
+    device_forward_s: dict = field(default_factory=dict)  # batch size -> GPU wall seconds per sample (gpu only)
 
     def train(self, threads: int) -> float:
         """Wall seconds per sample of a gradient pass on `threads` threads (the
@@ -67,20 +73,27 @@ class Costs:
         return self.train_s[min(self.train_s, key=lambda t: abs(t - threads))]
 
     def forward(self, batch: int) -> float:
-        """Per-sample inference cost at `batch`, interpolated in log-batch between
-        measured sizes (held flat outside them)."""
-        sizes = sorted(self.forward_s)
-        if batch <= sizes[0]:
-            return self.forward_s[sizes[0]]
-        if batch >= sizes[-1]:
-            return self.forward_s[sizes[-1]]
-        import math
+        """Per-sample inference cost at `batch` on a core, interpolated in log-batch
+        between measured sizes (held flat outside them)."""
+        return _interpolate(self.forward_s, batch)
 
-        for lo, hi in zip(sizes, sizes[1:]):
-            if lo <= batch <= hi:
-                w = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
-                return self.forward_s[lo] * (1 - w) + self.forward_s[hi] * w
-        raise AssertionError("unreachable")
+    def policy_worker_forward(self, batch: int) -> float:
+        """Per-sample cost of a policy worker's forward at `batch`: on the GPU where
+        there is one, else on a core."""
+        return _interpolate(self.device_forward_s, batch) if self.gpu else self.forward(batch)
+
+
+def _interpolate(per_sample: dict, batch: int) -> float:
+    sizes = sorted(per_sample)
+    if batch <= sizes[0]:
+        return per_sample[sizes[0]]
+    if batch >= sizes[-1]:
+        return per_sample[sizes[-1]]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if lo <= batch <= hi:
+            w = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
+            return per_sample[lo] * (1 - w) + per_sample[hi] * w
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -124,7 +137,7 @@ def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, poli
     split = max(1, envs // splits_per_worker(inference, policies, agents))
     if inference == "local":
         return costs.forward(split), 0.0
-    return costs.forward(workers * split), costs.comm_s
+    return costs.policy_worker_forward(workers * split), costs.comm_s
 
 
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,

@@ -9,10 +9,13 @@ on this machine, the actors' forward and the learner's gradient step, and picks
 the faster for each role apart.
 
 Where the CPU has no bf16 instructions at all, oneDNN emulates bf16, slower than
-fp32 every time: fp32, without measuring. On CUDA auto stays fp32, also without
-measuring: nothing times a GPU's bf16 yet, so nothing backs another choice there
-(local actors on such a machine, which compute on its CPU, stay fp32 too). A model
-without an image encoder has nothing that --precision changes.
+fp32 every time: fp32, without measuring. On a GPU run auto times both on the GPU,
+in wall time: the learner's step at the run's own minibatch and the forward at a
+GPU policy worker's batch sizes (on an H200 the Doom model's bf16 took 1.09x
+fp32's time learning and 1.07x acting: kernels this small gain nothing from
+halving their bytes). Local actors on such a machine take the GPU's choice for
+acting; the planner puts inference on the GPU there. A model without an image
+encoder has nothing that --precision changes.
 
 `decide_precision` runs once per run, in the runner's process before any child
 starts (the children get its answer through SharedContext and never measure),
@@ -35,6 +38,7 @@ import torch
 from fastrl.algo.model import Precision, has_images, native_bf16, obs_layout, resolve_device
 from fastrl.plumbing.caching_allocator import learner_memory
 from fastrl.tuning.profiling import (
+    DEVICE_FORWARD_BATCHES,
     FORWARD_BATCHES,
     MODEL_OPTIONS,
     PROFILE_TRAJECTORIES,
@@ -75,14 +79,15 @@ def decide_precision(cfg, obs_space, action_space) -> tuple:
         return Precision("fp32", "fp32", "no image encoder"), None
     if cfg.precision != "auto":
         return Precision(cfg.precision, cfg.precision, f"--precision {cfg.precision}"), None
-    if resolve_device(cfg) == "cuda":
-        return Precision("fp32", "fp32", "auto: bf16 is not measured on GPUs yet"), None
-    if not native_bf16():
+    device = torch.device(resolve_device(cfg)).type
+    if device == "cpu" and not native_bf16():
         return Precision("fp32", "fp32", "auto: this CPU has no native bf16"), None
-    timings, cached, capped = cached_timings(cfg, obs_space, action_space)
+    timings, cached, capped = cached_timings(cfg, obs_space, action_space, device)
     how = ("measured on this machine earlier" if cached else
            f"measured on a busy machine, cut short at {MEASURE_CAP_S:.0f} s and not cached" if capped else "measured")
-    chosen = choose(bf16_ratios(timings), how)
+    chosen = choose(bf16_ratios(timings), how + (" on the GPU" if device == "cuda" else ""))
+    if device == "cuda":  # GPU timings: the profile times the CPU's own costs
+        return chosen, None
     return chosen, OneThreadCosts(forward_s=dict(timings["acting"][chosen.acting]),
                                   train_s=timings["learning"][chosen.learning], capped=capped)
 
@@ -108,7 +113,7 @@ def bf16_ratios(timings: dict) -> dict:
             "learning": learning["bf16"] / learning["fp32"]}
 
 
-def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float) -> tuple:
+def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float, device: str = "cpu") -> tuple:
     """Seconds per sample of the actors' forward at each of the planner's batch sizes,
     {"fp32": {batch: s}, "bf16": {batch: s}}, and of the learner's gradient step on
     PROFILE_TRAJECTORIES trajectories, {"fp32": s, "bf16": s}, as {"acting": ...,
@@ -121,35 +126,44 @@ def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float
     server importing torch at start-up) does not count (on a 2-core machine
     running a Doom benchmark beside it, four repeats gave ratios within 4% of each
     other, where wall-clock timings of one call were off by up to 3x); and on one
-    thread: an actor runs one, and what bf16 saves is a property of the core."""
+    thread: an actor runs one, and what bf16 saves is a property of the core.
+
+    On a CUDA `device`: the learner's step at the run's own minibatch and the
+    forwards at DEVICE_FORWARD_BATCHES, timed on the GPU in wall time (each call
+    waits for the GPU, whose time is what counts; the host's CPU time would count
+    how it waits)."""
     start = time.perf_counter()
-    small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
+    on_gpu = torch.device(device).type == "cuda"
+    model_cfg = cfg if on_gpu else replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
+    batches = DEVICE_FORWARD_BATCHES if on_gpu else FORWARD_BATCHES
     calls, samples = {}, 0
-    with learner_memory(cfg.learner_allocator):  # the learner's allocator, as it will run
+    with learner_memory(cfg.learner_allocator, device):  # the learner's allocator, as it will run
         for p in PRECISIONS:
             both = Precision(p, p, "timed")
-            forwards, train, samples = model_calls(small, obs_space, action_space, FORWARD_BATCHES, both)
+            forwards, train, samples = model_calls(model_cfg, obs_space, action_space, batches, both, device)
             calls.update({("acting", p, b): (1, fn) for b, fn in forwards.items()})
             calls[("learning", p, None)] = (1, train)
         previous = torch.get_num_threads()
         try:
-            timed = time_interleaved(calls, seconds, clock=time.process_time,
+            timed = time_interleaved(calls, seconds, clock=time.perf_counter if on_gpu else time.process_time,
                                      cap_s=cap_s - (time.perf_counter() - start))
         finally:
             torch.set_num_threads(previous)
     per_call = timed.per_call
-    return ({"acting": {p: {b: per_call[("acting", p, b)] / b for b in FORWARD_BATCHES} for p in PRECISIONS},
+    return ({"acting": {p: {b: per_call[("acting", p, b)] / b for b in batches} for p in PRECISIONS},
              "learning": {p: per_call[("learning", p, None)] / samples for p in PRECISIONS}}, timed.capped)
 
 
-def cached_timings(cfg, obs_space, action_space) -> tuple:
+def cached_timings(cfg, obs_space, action_space, device: str = "cpu") -> tuple:
     """(measure_precision's timings, whether they came from the cache, whether they
     hit the cap), cached per machine and model (cache_path) as the planner's
     profile is, so that only a machine's first run of a model pays the few CPU
     seconds; a measurement that hit the cap is not cached."""
     layout = {key: [list(shape), str(dtype)] for key, (shape, dtype) in obs_layout(obs_space).items()}
-    path = cache_path({"precision": {k: getattr(cfg, k) for k in MODEL_OPTIONS}, "obs": layout,
-                       "actions": str(action_space)})
+    setup = {"precision": {k: getattr(cfg, k) for k in MODEL_OPTIONS}, "obs": layout, "actions": str(action_space)}
+    if device != "cpu":  # (CPU profiles cached before the key existed stay valid)
+        setup.update(device=device, minibatch=cfg.batch_size // cfg.num_minibatches)
+    path = cache_path(setup)
     try:
         with open(path) as fh:
             saved = json.load(fh)
@@ -159,7 +173,7 @@ def cached_timings(cfg, obs_space, action_space) -> tuple:
         return timings, True, False
     except (OSError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError):
         pass  # no file yet, or one that is not a measurement: measure
-    timings, capped = measure_precision(cfg, obs_space, action_space, MEASURE_SECONDS, MEASURE_CAP_S)
+    timings, capped = measure_precision(cfg, obs_space, action_space, MEASURE_SECONDS, MEASURE_CAP_S, device)
     if not capped:
         write_cache(path, timings)
     return timings, False, capped

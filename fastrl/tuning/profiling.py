@@ -38,7 +38,7 @@ import torch
 
 import fastrl
 from fastrl import envs
-from fastrl.algo.model import Precision, build_model, obs_zeros
+from fastrl.algo.model import Precision, build_model, obs_zeros, resolve_device
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.adam import FusedAdam
@@ -406,10 +406,12 @@ class ModelBench:
         self._sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         gen = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.learner = build_model(cfg, obs_space, action_space, precision.learning).to(dev)
+        self.learner = build_model(cfg, obs_space, action_space, precision.learning)
+        minibatch = _fake_minibatch(cfg, self.learner, obs_space, gen)  # made on the CPU, then moved
+        self.learner.to(dev)
         self.optimizer = FusedAdam(self.learner.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.minibatch = {k: ({kk: vv.to(dev) for kk, vv in v.items()} if isinstance(v, dict) else v.to(dev))
-                          for k, v in _fake_minibatch(cfg, self.learner, obs_space, gen).items()}
+                          for k, v in minibatch.items()}
         # The forwards run on their own copy, as an actor does: the training steps
         # change the learner's weights every round, and a forward right after one would
         # pay for re-deriving its cached bf16 weights, which an actor does once per
@@ -531,6 +533,8 @@ def machine_info() -> dict:
 # The planner's costs, measured at start-up and cached
 
 FORWARD_BATCHES = (4, 8, 16, 32, 64, 128)
+# A GPU policy worker batches every worker's half split: tens to a thousand rows.
+DEVICE_FORWARD_BATCHES = (16, 64, 256, 1024)
 # What a rollout worker adds to a bare env step: the action conversion, the
 # shared-memory writes and the episode bookkeeping (~4 us measured on CartPole).
 WORKER_OVERHEAD_S = 4e-6
@@ -598,7 +602,9 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
     costs, timed already, it times only the learner's pass on 2 threads, for a
     third of `seconds`. --precision auto times in CPU seconds (measure_precision
     says why), which on a quiet core are the wall seconds this would time, and on
-    a busy one are nearer to what the model costs a core of its own.
+    a busy one are nearer to what the model costs a core of its own. Where the run
+    computes on a GPU, the learner's step (at the run's minibatch) and the policy
+    workers' forwards are timed on it instead, for another third of `seconds`.
 
     Returns (Costs, whether its wall-clock cap cut it short). `cap_s` bounds it,
     in wall seconds, whatever the load (time_interleaved says how far)."""
@@ -613,14 +619,25 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
     if one_thread is not None:
         forward_s, train_s, capped = dict(one_thread.forward_s), {1: one_thread.train_s}, one_thread.capped
         batches, threads, model_seconds = (), threads[1:], seconds / 3
-    if threads:
+    on_gpu = torch.device(resolve_device(cfg)).type == "cuda"
+    if on_gpu:
+        threads = []  # the learner's step is timed on the GPU below
+    if threads or batches:
         model = measure_model(small, obs_space, action_space, batches, threads, model_seconds,
                               forward_threads=[1] if batches else [], precision=precision,
                               cap_s=cap_s - (time.perf_counter() - start))
         forward_s.update(model.forward_s_per_sample.get(1, {}))
         train_s.update(model.train_s_per_sample)
         capped = capped or model.capped
-    return Costs(cores=cores, env_s=env_s, forward_s=forward_s, train_s=train_s), capped
+    if not on_gpu:
+        return Costs(cores=cores, env_s=env_s, forward_s=forward_s, train_s=train_s), capped
+    # The GPU's costs at the run's own minibatch: a GPU step costs much the same at
+    # 256 samples as at 1024 (its kernels are short and launched one by one), so a
+    # small step would overstate the cost per sample several times.
+    gpu = measure_model(cfg, obs_space, action_space, DEVICE_FORWARD_BATCHES, [1], seconds / 3, device="cuda",
+                        precision=precision, cap_s=cap_s - (time.perf_counter() - start))
+    return Costs(cores=cores, env_s=env_s, forward_s=forward_s, train_s=gpu.train_s_per_sample, gpu=True,
+                 device_forward_s=gpu.forward_s_per_sample[1]), capped or gpu.capped
 
 
 def _source_digest() -> str:
@@ -678,12 +695,13 @@ def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
     # The cores this process may use are part of the setup: a profile taken on the whole
     # machine would plan a torchrun rank (or a taskset run) on its share for all of it.
     path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys},
-                       "precision": [precision.acting, precision.learning], "usable_cores": usable_cores()})
+                       "precision": [precision.acting, precision.learning], "usable_cores": usable_cores(),
+                       "device": torch.device(resolve_device(cfg)).type})
     try:
         with open(path) as fh:
             data = json.load(fh)
-        data["forward_s"] = {int(k): v for k, v in data["forward_s"].items()}
-        data["train_s"] = {int(k): v for k, v in data["train_s"].items()}
+        for key in ("forward_s", "train_s", "device_forward_s"):
+            data[key] = {int(k): v for k, v in data.get(key, {}).items()}
         return Costs(**data), True, False
     except (OSError, ValueError, TypeError, KeyError):
         pass
