@@ -9,7 +9,7 @@ Runs fastrl, then Sample Factory, then fastrl, ... (--rounds pairs), each for
 --seconds of wall time from its launch, on a ViZDoom-shipped scenario both can run
 (defend_the_center by default: ViZDoom's own map). Both sides: 160x120 render
 resized to 128x72 RGB, frameskip 4, conv 32k8s4/64k4s2/128k3s2 + FC 512 (ELU),
-GRU 512, rollout 32, batch 1024, 1 epoch x 1 minibatch, 2 workers x 8 envs, CPU,
+GRU 512, rollout 32, batch 1024, 1 epoch x 1 minibatch, 2 workers x 8 envs, CPU (--device cuda: GPU),
 one torch thread per process. Every flag and why: benchmarks/sample_factory_notes.md.
 With --fastrl_layout planned, fastrl's planner picks its own process layout (the
 layout flags then set SF's), to compare --plan auto against SF's hand-tuned layouts.
@@ -155,7 +155,7 @@ def fastrl_command(args, experiment: str, has_plan: bool) -> list:
         "--env", f"doom_{args.scenario}",
         "--experiment", experiment, "--train_dir", args.train_dir, "--restart",
         "--seed", "0",
-        "--device", "cpu",
+        "--device", args.device,
         "--rollout", str(args.rollout),
         "--batch_size", str(args.batch_size),
         "--ppo_epochs", "1", "--num_minibatches", "1",
@@ -187,7 +187,7 @@ def sf_command(args, experiment: str) -> list:
         "--env", f"doom_{args.scenario}",
         "--experiment", experiment, "--train_dir", args.train_dir, "--restart_behavior", "overwrite",
         "--seed", "0",
-        "--device", "cpu",
+        "--device", "gpu" if args.device == "cuda" else "cpu",
         "--num_workers", str(args.num_workers),
         "--num_envs_per_worker", str(args.num_envs_per_worker),
         "--worker_num_splits", "2",
@@ -505,7 +505,7 @@ def rates(parsed: dict, skip: float) -> dict:
 # Machine and report
 
 
-def machine() -> dict:
+def machine(device: str = "cpu") -> dict:
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as fh:
@@ -536,10 +536,18 @@ def machine() -> dict:
         vizdoom_version = None
     return {"date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": cpu, "logical_cpus": os.cpu_count(), "memory_gib": round(mem_gib, 1),
-            "gpu": "none used (--device cpu on both sides)",
+            "gpu": gpu_name() if device == "cuda" else "none used (--device cpu on both sides)",
             "os": platform.platform(), "python": platform.python_version(),
             "fastrl_commit": commit + ("+uncommitted changes" if dirty else ""),
             "fastrl_torch": torch_version, "fastrl_vizdoom": vizdoom_version}
+
+
+def gpu_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (asked for cuda, torch sees none)"
+    except ImportError:
+        return "unknown (no torch)"
 
 
 def fmt(x) -> str:
@@ -572,6 +580,8 @@ def main(argv=None) -> int:
                    help="first step each side's own env, num_workers processes, random actions, no model, "
                         "for this long (0 = skip): tells how much of the ratio the envs alone explain")
     p.add_argument("--first", choices=("fastrl", "sf"), default="fastrl", help="which side starts each round")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where both sides' learner and inference compute (SF calls the GPU 'gpu'); default cpu")
     p.add_argument("--venv", default=DEFAULT_VENV, help=f"SF virtualenv (default {DEFAULT_VENV})")
     p.add_argument("--sf_torch", default=SF_TORCH, help=f"torch requirement for the SF venv (default {SF_TORCH})")
     p.add_argument("--train_dir", default=DEFAULT_TRAIN_DIR, help="runs and logs go here")
@@ -594,7 +604,7 @@ def main(argv=None) -> int:
         return 0
     os.makedirs(args.train_dir, exist_ok=True)
 
-    info = machine()
+    info = machine(args.device)
     info["sf_venv"] = versions
     print(f"date {info['date_utc']}; {info['cpu']}, {info['logical_cpus']} logical CPUs, "
           f"{info['memory_gib']} GiB; {info['os']}; python {info['python']}")

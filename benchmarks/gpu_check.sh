@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# fastrl's GPU checks in one pass, for a machine with one CUDA GPU that may reach no
+# package registry: the GPU tests, fastrl against Sample Factory 2.1.1 on doom_battle
+# and doom_defend_the_center with both sides' learner and inference on the GPU, the
+# planner's own layout there, and the model's costs in fp32 and bf16 on the GPU.
+#
+#   OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh [STEP...]
+#
+# Steps, in this order, all by default: tests precision battle planned dtc.
+# SECONDS_PER_RUN (60), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT (fixed) set
+# the comparisons.
+#
+# Wheels: where the machine has no registry, carry them in .whl/fastrl (vizdoom 1.3.2,
+# faster-fifo 1.5.2, gymnasium 1.x, setproctitle, cloudpickle, farama-notifications) and
+# .whl/sf (sample-factory 2.1.1, numpy<2, gymnasium<1, tensorboardx, colorlog,
+# signal-slot-mp<2), fetched with `pip download --only-binary=:all: --platform ...`
+# for the machine's Python. Sample Factory pins numpy<2 and gymnasium<1, fastrl wants
+# gymnasium 1.x: each set goes into its own folder, and SF's interpreter is a
+# two-line wrapper that puts its folder first. Where .whl/ is absent the packages
+# must be installed already (and --sf_venv given to vs_sample_factory.py instead).
+#
+# Every step runs under its own time limit and writes its log to $OUT, so a step
+# that fails or hangs costs its limit and no more. Each step's exit code and the
+# lines that matter are printed at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fastrl_gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 WANDB_MODE=offline
+PY=${PYTHON:-python3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-60}
+WORKERS=${WORKERS:-$(( $(nproc) ))}
+
+step() {  # step NAME LIMIT_S COMMAND...: run it, log to $OUT/NAME.log, report its exit code
+    local name=$1 limit=$2; shift 2
+    echo "=== $(date +%T) $name (limit ${limit} s)"
+    timeout -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $(date +%T) $name exit $rc"
+    return 0
+}
+
+{
+    date -u; nproc; free -g | head -2; nvidia-smi -L
+    "$PY" -c "import torch, sys; print(sys.version); print(torch.__version__, torch.cuda.get_device_name(0))"
+} >"$OUT/machine.log" 2>&1
+cat "$OUT/machine.log"
+
+if [ -d .whl/fastrl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fastrl-site .whl/fastrl/*.whl
+    export PYTHONPATH=/tmp/fastrl-site:$PWD
+fi
+SF_VENV=/tmp/sf-wrapper
+if [ -d .whl/sf ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/sf-site .whl/sf/*.whl
+    mkdir -p $SF_VENV/bin
+    printf '#!/bin/sh\nPYTHONPATH=/tmp/sf-site:/tmp/fastrl-site exec %s "$@"\n' "$(command -v "$PY")" >$SF_VENV/bin/python
+    chmod +x $SF_VENV/bin/python
+fi
+TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
+
+STEPS=${*:-tests precision battle planned dtc}
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
+# FASTRL_LAYOUT=planned lets fastrl's planner choose its layout against SF's (WORKERS x ENVS).
+VS=(benchmarks/vs_sample_factory.py --device cuda --rounds 1 --seconds "$SECONDS_PER_RUN" --skip 20
+    --num_workers "$WORKERS" --num_envs_per_worker "${ENVS:-8}" --fastrl_inference policy_worker
+    --fastrl_layout "${FASTRL_LAYOUT:-fixed}"
+    --venv $SF_VENV --sf_torch "torch==$TORCH_VERSION" --train_dir /tmp/vs_sf)
+runs_tail() {  # each side's own log, whose tracebacks vs_sample_factory.py only flags
+    for f in /tmp/vs_sf/fastrl_r1.log /tmp/vs_sf/sf_r1.log; do
+        [ -f "$f" ] && { echo "--- tail of $f"; tail -n 30 "$f"; } >>"$OUT/$1.log"
+    done
+}
+
+# The GPU tests (every test marked gpu; each skips with its reason without a GPU).
+wants tests && step gpu_tests 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider --durations=10 tests
+
+# The model on the GPU in fp32 and bf16: forward at the inference batch, learner step.
+wants precision && step precision 120 bash -c "for p in fp32 bf16; do $PY -m fastrl.bench --env doom_battle \
+    --mode infer --device cuda --precision \$p --seconds 5 --warmup 2 --with_wandb false; done"
+
+# fastrl against Sample Factory on doom_battle, both on the GPU, one rollout worker
+# per core and one GPU inference process on each side.
+if wants battle; then
+    step vs_sf_battle $(( 2 * SECONDS_PER_RUN + 150 )) "$PY" "${VS[@]}" --scenario battle --env_check_seconds 10 \
+        --json "$OUT/vs_sf_battle.json"
+    runs_tail vs_sf_battle
+fi
+
+# fastrl's defaults (--plan auto) on this machine.
+wants planned && step planned $(( SECONDS_PER_RUN + 90 )) "$PY" -m fastrl.train --env doom_battle \
+    --train_dir /tmp/planned --restart --train_for_seconds "$SECONDS_PER_RUN" --status_every_seconds 5 \
+    --with_wandb false
+
+# doom_defend_the_center, the same scenario file on both sides.
+if wants dtc; then
+    step vs_sf_dtc $(( 2 * SECONDS_PER_RUN + 120 )) "$PY" "${VS[@]}" --scenario defend_the_center \
+        --env_check_seconds 0 --json "$OUT/vs_sf_dtc.json"
+    runs_tail vs_sf_dtc
+fi
+
+echo "=== summary"
+cd "$OUT"
+[ -f gpu_tests.log ] && tail -n 30 gpu_tests.log
+[ -f precision.log ] && grep -E "precision|forward|learner|step" precision.log | head -20
+for f in vs_sf_battle.log vs_sf_dtc.log; do [ -f $f ] && grep -E "^env only|^round|median ratio|warning|TRACEBACK|Error" $f; done
+[ -f planned.log ] && grep -E "plan|inference|\] frames|Traceback|Error" planned.log | head -20
+exit 0
