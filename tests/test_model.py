@@ -415,3 +415,27 @@ def test_bf16_acting_copies_refresh_in_place_with_new_weights():
                                                         *other.encoders[0].fc.parameters()]):
             assert torch.equal(copied, weight.to(torch.bfloat16))
         torch.testing.assert_close(model.encoders[0](obs["obs"]), other.encoders[0](obs["obs"]))
+
+
+def test_a_training_bf16_model_sees_its_optimizer_steps_without_gradients():
+    # A fused optimizer step moves the weights without moving their version counters,
+    # so a cache keyed on them would go stale: the learner's no-grad forwards (the
+    # bootstrap of a truncated episode) must compute with the weights as they are.
+    from fastrl.learning.adam import FusedAdam
+
+    space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)
+    model = ActorCritic(space, gym.spaces.Discrete(3), use_rnn=False, conv_bf16=True).train()
+    image = torch.randint(0, 256, (4, 3, 36, 36), dtype=torch.uint8)
+    encoder = model.encoders[0]
+    with torch.no_grad():
+        before = encoder(image)
+    encoder(image).square().mean().backward()
+    versions = [p._version for p in model.parameters()]
+    FusedAdam(model.parameters(), lr=0.1).step()
+    assert [p._version for p in model.parameters()] == versions  # the premise: nothing to see there
+    with torch.no_grad():
+        after = encoder(image)
+        torch.testing.assert_close(after, encoder(image.clone()))
+    with_grad = encoder(image).detach()
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, with_grad)

@@ -271,7 +271,7 @@ class ConvEncoder(nn.Module):
         # Straight to bfloat16, exact for 0..255: this input path took a third of
         # the learner's time when it went through a float32 copy.
         x = x.to(torch.bfloat16).mul_(1.0 / 255.0) if self.norm is None else self.norm(x).to(torch.bfloat16)
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and not self.training:
             return self._bf16_layers()(x).float()
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             features = self.fc(self.conv(x))
@@ -282,9 +282,13 @@ class ConvEncoder(nn.Module):
 
         Autocast recasts all 1.3M float32 weights on every call, ~6% of an
         actor's 16-sample forward; these copies give the same numbers (the same casts,
-        done once) and are rebuilt when a weight changed in place (an optimizer
-        step, a parameter load) or moved. Kept out of the module's registry, so
-        out of state_dict, flat_state and .to().
+        done once) and are refreshed when a weight changed in place (a parameter
+        load) or moved. Kept out of the module's registry, so out of state_dict,
+        flat_state and .to(). Only a model in eval mode (an actor's) uses them: a
+        change is seen through the weights' version counters, which a fused
+        optimizer step does not move, so a learner's no-grad forward (the bootstrap
+        value of a truncated episode) read the first weights' copies all run, and a
+        pixel task whose every episode is cut by a time limit did not learn.
         """
         params = [*self.conv.parameters(), *self.fc.parameters()]
         key = tuple((p.data_ptr(), p._version) for p in params)
