@@ -2,7 +2,7 @@
 import torch
 import torch.multiprocessing as tmp
 
-from fastrl.plumbing.buffers import TrajectoryBuffers
+from fastrl.plumbing.buffers import COPY_PER_BUFFER_BYTES, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
 
@@ -76,6 +76,21 @@ def test_images_are_stored_and_gathered_channels_last():
     frames = batch["obs"]["obs"].flatten(0, 1)  # what the encoder sees
     assert frames.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(batch["obs"]["obs"][2, 2], image)
+
+
+def test_large_buffers_are_gathered_buffer_by_buffer_into_the_same_batch():
+    # Doom-sized frames take gather's copy per buffer (past COPY_PER_BUFFER_BYTES), the
+    # rewards its index_select: both must come out as the buffers side by side in time.
+    layout = {"obs": ((3, 72, 128), torch.uint8)}
+    buffers = TrajectoryBuffers(5, 4, 4, layout, 1, torch.int64, 2)
+    assert buffers.obs["obs"].stride(0) >= COPY_PER_BUFFER_BYTES > buffers.rewards.stride(0) * 4
+    buffers.obs["obs"].copy_(torch.randint(0, 256, buffers.obs["obs"].shape, dtype=torch.uint8))
+    buffers.rewards.copy_(torch.randn(buffers.rewards.shape))
+    batch = buffers.gather([4, 0, 2])
+    for key, got in (("obs", batch["obs"]["obs"]), ("rewards", batch["rewards"])):
+        source = buffers.obs["obs"] if key == "obs" else buffers.rewards
+        assert torch.equal(got, torch.cat([source[4], source[0], source[2]], dim=1)), key
+    assert batch["obs"]["obs"].flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
 
 
 def test_gather_copies_only_the_truncated_steps_final_obs():
