@@ -129,6 +129,10 @@ class Config:
     vtrace_lambda: float = _opt(1.0, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
                                 "as GAE's lambda does (on-policy, V-trace with lambda is GAE(lambda)); 1 = the paper's V-trace. "
                                 "0.95 for envs with vector observations and on Doom, unless you set it (fastrl/presets.py).")
+    bootstrap_time_limits: bool = _opt(True, "At an episode cut by a time limit (truncated), add the discounted value of its "
+                                       "last observation to the return, as if it went on. False treats the cut as the "
+                                       "episode's end, as Sample Factory does by default (its value_bootstrap off): right "
+                                       "where the limit is part of the task (a Doom scenario's timeout ends the game).")
     normalize_returns: bool = _opt(True, "Keep running statistics of the value targets and train the value head on their "
                                    "z-scores, so the value loss's scale does not depend on the env's reward scale. On by default: "
                                    "a GRU core shared by the policy and the value saturates when asked for raw returns far from 1, "

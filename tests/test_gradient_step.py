@@ -84,7 +84,7 @@ def test_samples_past_max_policy_lag_get_no_gradient():
     assert any(g.abs().sum() > 0 for g in masked)
 
 
-def _reference_targets(model, batch, reward_scale, gamma):
+def _reference_targets(model, batch, reward_scale, gamma, bootstrap_time_limits=True):
     """On-policy V-trace with rho = c = 1 and lambda = 1 is the discounted return to
     the rollout's end: written here as a plain float64 loop per env, from the
     episode-end rules alone. A termination ends the sum; a truncation ends it with
@@ -103,7 +103,8 @@ def _reference_targets(model, batch, reward_scale, gamma):
                 if batch["terminated"][s, b]:
                     break
                 if batch["truncated"][s, b]:
-                    total += discount * gamma * float(v_final[batch["final_row"][s, b]])
+                    if bootstrap_time_limits:
+                        total += discount * gamma * float(v_final[batch["final_row"][s, b]])
                     break
                 if s == T - 1:
                     total += discount * gamma * float(values[T, b])
@@ -114,13 +115,14 @@ def _reference_targets(model, batch, reward_scale, gamma):
     return values[:-1].numpy(), targets
 
 
-@pytest.mark.parametrize("reward_scale", [1.0, 0.1])
-def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_scale):
+@pytest.mark.parametrize("reward_scale, bootstrap_time_limits", [(1.0, True), (0.1, True), (1.0, False)])
+def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_scale, bootstrap_time_limits):
     cfg = Config(env="CartPole-v1", reward_scale=reward_scale, gamma=0.9, normalize_advantages=False,
-                 vtrace_lambda=1.0)  # the reference is the plain return, lambda 1's target
+                 vtrace_lambda=1.0,  # the reference is the plain return, lambda 1's target
+                 bootstrap_time_limits=bootstrap_time_limits)
     model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
     batch = _on_policy(model, _batch())
-    values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma)
+    values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma, bootstrap_time_limits)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     out, _ = gradient_step(cfg, model, optimizer, batch, torch.ones(T, B))
     # The step computes in float32: agreement to float32 rounding.

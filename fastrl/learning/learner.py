@@ -325,10 +325,15 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
     value_mean, value_std = model.value_scale()
+    if cfg.bootstrap_time_limits:
+        terminated, truncated, v_final = mb["terminated"], mb["truncated"], final_values(model, mb, ev)
+    else:  # a time limit ends the episode like any other end
+        terminated, truncated = mb["terminated"] | mb["truncated"], torch.zeros_like(mb["truncated"])
+        v_final = torch.zeros_like(mb["rewards"])
     out = appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
-        r_t=mb["rewards"] * cfg.reward_scale, terminated_t=mb["terminated"].float(),
-        truncated_t=mb["truncated"].float(), v_final_t=final_values(model, mb, ev), entropy_t=ev.entropy,
+        r_t=mb["rewards"] * cfg.reward_scale, terminated_t=terminated.float(),
+        truncated_t=truncated.float(), v_final_t=v_final, entropy_t=ev.entropy,
         valid_t=valid, gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
         value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
         lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl,
