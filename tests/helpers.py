@@ -12,6 +12,7 @@ import threading
 import time
 
 import psutil
+import pytest
 import torch
 from fastrl.envs.doom._reaper import mapped_paths
 from fastrl.envs.registry import get_spec
@@ -27,6 +28,11 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 # its children make them by id, importing the module named before the colon from
 # their PYTHONPATH.
 TEST_ENVS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
+
+# GPU tests carry the pytest.ini "gpu" marker (select them with -m gpu) and skip, with
+# the reason shown under -rs, where torch sees no CUDA device.
+GPU_MARKS = (pytest.mark.gpu,
+             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none"))
 
 
 def shm_entries() -> set:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as tmp
 import torch.nn as nn
+from helpers import GPU_MARKS
 
 from fastrl.algo.model import ActorCritic, ActOutput, flat_state, load_flat_state
 from fastrl.cuda import cuda_available
@@ -25,10 +26,6 @@ from fastrl.plumbing.params import SharedParams, device_copies
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
 ACTION_SPACE = gym.spaces.MultiDiscrete([4, 4, 3])
-# GPU tests carry the pytest.ini "gpu" marker (select them with -m gpu) and skip, with
-# the reason shown under -rs, where torch sees no CUDA device.
-GPU_MARKS = (pytest.mark.gpu,
-             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none"))
 NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
 
 

@@ -3,13 +3,10 @@ CUDA, the policy worker acting through CUDA graphs with the learner's weights
 handed over by CUDA IPC. Skipped, with the reason, where torch sees no GPU."""
 import os
 
-import pytest
-import torch
-from helpers import TrainRun, read_summary
+from helpers import GPU_MARKS, TrainRun, read_summary
 from test_doom_train import random_policy_mean_return
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none")]
+pytestmark = list(GPU_MARKS)
 
 
 def test_doom_basic_learns_in_60_s_on_the_gpu(tmp_path):

@@ -14,7 +14,7 @@ import gymnasium as gym
 import psutil
 import pytest
 import torch
-from helpers import TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
+from helpers import GPU_MARKS, TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
 
 from fastrl.algo.model import Precision, build_model, flat_state
 from fastrl.config import Config
@@ -277,10 +277,6 @@ def stop_then_kill(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
     time.sleep(1.0)
     os.kill(pid, signal.SIGKILL)
-
-
-GPU_MARKS = [pytest.mark.gpu,
-             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this torch sees none")]
 
 
 @pytest.mark.parametrize("workers,device", [(1, "cpu"), (2, "cpu"), pytest.param(1, "cuda", marks=GPU_MARKS)])
