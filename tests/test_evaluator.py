@@ -1,5 +1,5 @@
 """The evaluator, run in-process (in a thread) against real shared params, a real
-stats board and a real stop event, on CartPole with hand-made policies whose scores
+stats board and real stop flags (the run's, and its own `abandon`), on CartPole with hand-made policies whose scores
 are known: "always push left" falls in ~10 steps, "push toward the lean" (pole
 angle + angular velocity > 0 -> right) balances for hundreds.
 """
@@ -57,6 +57,7 @@ class Harness:
                                    params=[self.params], board=self.board, stop=StopFlag(),
                                    precision=Precision("fp32", "fp32", "no image encoder"), totals=None)
         self.results = faster_fifo.Queue(max_size_bytes=100_000)  # the runner's eval queue
+        self.abandon = StopFlag()
         self.cfg = cfg
         self.thread = None
 
@@ -68,17 +69,23 @@ class Harness:
         self.board.row("rollout_1").set("env_frames", frames - frames // 2)
 
     def start(self, frames_offset: int = 0) -> None:
-        self.thread = threading.Thread(target=evaluator_main, args=(self.cfg, self.ctx, self.results, frames_offset),
-                                       daemon=True)
+        args = (self.cfg, self.ctx, self.results, self.abandon, frames_offset)
+        self.thread = threading.Thread(target=evaluator_main, args=args, daemon=True)
         self.thread.start()
 
     def next_result(self) -> dict:
         return self.results.get(timeout=RESULT_TIMEOUT_S)
 
     def stop(self) -> float:
+        """Abandon: seconds until the evaluator left."""
+        self.abandon.set()
+        return self.end_training()
+
+    def end_training(self, timeout: float = 5.0) -> float:
+        """Set the run's stop flag alone, as a run that ended normally does: seconds until the evaluator left."""
         t0 = time.perf_counter()
         self.ctx.stop.set()
-        self.thread.join(timeout=5.0)
+        self.thread.join(timeout=timeout)
         assert not self.thread.is_alive()
         return time.perf_counter() - t0
 
@@ -128,12 +135,38 @@ def test_results_determinism_and_best_checkpoint(harness):
     assert harness.stop() < 1.0
 
 
-def test_stop_ends_the_loop_promptly_while_waiting(harness):
+def test_the_end_of_training_ends_the_loop_promptly_when_no_evaluation_is_due(harness):
     harness.publish(lean_controller=False, version=0)
     harness.start()
+    harness.set_frames(EVERY - 1)
     time.sleep(0.2)
-    assert harness.stop() < 0.5
+    assert harness.end_training() < 0.5
+    assert harness.results.empty()
     assert not os.path.exists(os.path.join(checkpoint_dir(harness.cfg), "best.pt"))
+
+
+def test_an_evaluation_due_when_training_ends_is_still_played(harness):
+    """Training outran the evaluator's start (a busy machine, a short run): the
+    point it passed is evaluated, on the final weights, before the evaluator leaves."""
+    harness.publish(lean_controller=True, version=5)
+    harness.set_frames(2 * EVERY + 1)
+    harness.ctx.stop.set()
+    harness.start()
+    harness.end_training(timeout=RESULT_TIMEOUT_S)
+    result = harness.next_result()
+    assert result["env_frames"] == 2 * EVERY + 1 and result["version"] == 5 and result["eval/return"] > 200
+    assert harness.results.empty(), "one evaluation for the points passed, not one per point"
+    assert best_state(harness.cfg)["version"] == 5
+
+
+def test_the_end_of_training_lets_an_evaluation_under_way_finish(tmp_path):
+    h = Harness(make_cfg(tmp_path, eval_episodes=20))  # ~10,000 balanced steps: about a second
+    h.publish(lean_controller=True, version=0)
+    h.start()
+    h.set_frames(EVERY)
+    time.sleep(0.3)
+    h.end_training(timeout=RESULT_TIMEOUT_S)
+    assert h.next_result()["eval/return"] > 200
 
 
 def test_stop_abandons_an_evaluation_under_way(tmp_path):

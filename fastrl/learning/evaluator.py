@@ -19,6 +19,12 @@ Choices and their costs:
 - Evaluation points lie on the grid F, 2F, 3F... of total env frames. If one
   evaluation takes longer than F frames of training, the points it overran are
   skipped, never queued: evaluation can fall behind, it cannot pile up.
+- When training ends (the run's stop flag), an evaluation under way or a grid point
+  passed and not yet evaluated is still played, on the final weights, before the
+  evaluator leaves: a short run whose training outpaced the evaluator's start (a
+  busy machine, Doom engines) still reports the evaluations it asked for. Only the
+  `abandon` flag (a signal, a failure, the runner's patience running out) cuts one
+  short.
 - Episode i of every evaluation starts from the same seed, so two evaluations differ
   only by their policies and scores are comparable over time. The price: the best
   checkpoint is chosen on those few starts, an optimistic estimate of its return.
@@ -52,11 +58,12 @@ QUEUE_TIMEOUT_S = 10.0
 
 
 class Evaluator:
-    def __init__(self, cfg, ctx: SharedContext, result_queue, frames_offset: int = 0):
+    def __init__(self, cfg, ctx: SharedContext, result_queue, abandon, frames_offset: int = 0):
         if cfg.eval_every_frames <= 0:
             raise ValueError(f"eval_every_frames={cfg.eval_every_frames}: "
                              "start the evaluator only when it is positive.")
         self.cfg, self.ctx, self.result_queue = cfg, ctx, result_queue
+        self.abandon = abandon  # a StopFlag: leave now, even mid-evaluation
         self.frames_offset = frames_offset
         # It plays as the actors do, so it computes as they do.
         self.model = build_model(cfg, ctx.obs_space, ctx.action_space, ctx.precision.acting).eval()
@@ -100,9 +107,12 @@ class Evaluator:
     def run(self) -> None:
         stop = self.ctx.stop
         try:
-            while not stop.is_set():
+            while not self.abandon.is_set():
+                training_ended = stop.is_set()  # read before the frames, so the last ones are counted
                 frames = self.env_frames()
                 if frames < self.next_at:
+                    if training_ended:
+                        break
                     stop.wait(POLL_S)
                     continue
                 self.next_at = self._next_grid_point(frames)
@@ -114,7 +124,7 @@ class Evaluator:
             self.close()
 
     def evaluate(self, frames: int):
-        """One evaluation of the newest params: the result dict, or None if told to stop meanwhile."""
+        """One evaluation of the newest params: the result dict, or None if abandoned meanwhile."""
         start = time.perf_counter()
         version = self.ctx.params[0].read_if_newer(self.version, self._flat)
         if version != self.version:
@@ -142,8 +152,8 @@ class Evaluator:
     def play(self, count: int):
         """`count` deterministic episodes, episode i from seed SEED_OFFSET + i, spread
         over the open envs: a list of (return, length, true objective or None), in
-        episode order; None if the stop event was set meanwhile."""
-        model, envs, stop = self.model, self.envs, self.ctx.stop
+        episode order; None if abandoned meanwhile."""
+        model, envs, abandon = self.model, self.envs, self.abandon
         results = [None] * count
         episode_of = [None] * len(envs)  # which episode each env is playing, None when idle
         obs = [None] * len(envs)
@@ -162,7 +172,7 @@ class Evaluator:
         for slot in range(len(envs)):
             begin(slot)
         while any(e is not None for e in episode_of):
-            if stop.is_set():
+            if abandon.is_set():
                 return None
             active = [s for s, e in enumerate(episode_of) if e is not None]
             tensors = [obs_to_tensors(obs[s], envs[s].observation_space) for s in active]
@@ -186,11 +196,12 @@ class Evaluator:
         self.envs = []
 
 
-def evaluator_main(cfg, ctx: SharedContext, result_queue, frames_offset: int = 0) -> None:
-    """Entry point of the evaluator process. frames_offset is the env frames of the
+def evaluator_main(cfg, ctx: SharedContext, result_queue, abandon, frames_offset: int = 0) -> None:
+    """Entry point of the evaluator process. `abandon` (a StopFlag) ends it at once;
+    ctx.stop only after the evaluation due. frames_offset is the env frames of the
     checkpoint a run resumed from, as the learner gets it, so that reported frames
     count from the experiment's start."""
     # One thread whatever --torch_threads says: evaluation must leave the cores to training.
     torch.set_num_threads(1)
     os.nice(NICENESS)  # on Linux this lowers only the calling thread, so tests may call this in a thread
-    Evaluator(cfg, ctx, result_queue, frames_offset).run()
+    Evaluator(cfg, ctx, result_queue, abandon, frames_offset).run()

@@ -99,6 +99,10 @@ PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process se
 # each other at every parallel region while another program held the second core.
 PROFILE_CAP_S = 6.0
 LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
+# How long a run that ended normally waits for the evaluation due at its end (a few
+# deterministic episodes; Doom's longest take tens of seconds on a busy core) before
+# abandoning it.
+EVAL_FINISH_TIMEOUT_S = 60.0
 POLL_S = 0.05
 # A learner's statistics shown per policy beside the run's (policy 0's) full set.
 POLICY_STATS = ("entropy", "approx_kl", "explained_variance", "lr")
@@ -186,9 +190,11 @@ class _StopSignals:
         if self._received:
             raise StopRequested(self._received[0])
 
-    def ignore(self) -> None:
+    def during_shutdown(self, on_signal) -> None:
+        """From here on a signal only calls `on_signal()`: a second Ctrl-C must not
+        cut the shutdown short, but may skip what can be skipped."""
         for s in self._previous:
-            signal.signal(s, signal.SIG_IGN)
+            signal.signal(s, lambda _signum, _frame: on_signal())
 
     def restore(self) -> None:
         for s, handler in self._previous.items():
@@ -442,6 +448,8 @@ class Runner:
         self.policy_metrics: dict = {}  # policy -> its learner's latest statistics, policies 1 and up
         self.drift = DriftWatch(cfg.exploration_loss)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
+        self.eval_abandon = StopFlag()  # the evaluator's own stop: ctx.stop lets it finish the evaluation due
+        self.evaluator: Optional[object] = None  # its process, when evaluating
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}  # worker index -> its current process
         self.policy_processes: dict = {}  # policy worker index -> its current process
@@ -535,7 +543,8 @@ class Runner:
         for i in range(cfg.num_workers):
             self.rollout_processes[i] = self._spawn(f"rollout-worker {i}", rollout_worker_main, cfg, i, ctx)
         if cfg.eval_every_frames > 0 and self.learn and self.rank.main:
-            self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.frames_offset)
+            self.evaluator = self._spawn("evaluator", evaluator_main, cfg, ctx, self.eval_queue, self.eval_abandon,
+                                         self.frames_offset)
         mark("children spawned")
 
     def device_params(self) -> Optional[list]:
@@ -556,8 +565,10 @@ class Runner:
             self.policy_processes[i] = self._spawn(f"policy-worker {i}", policy_worker_main, self.cfg, i, self.ctx,
                                                    self.device, self.device_params())
 
-    def stop_children(self) -> list:
+    def stop_children(self, finish_evaluation: bool = False) -> list:
         """Ask everyone to stop, wait, then escalate. Returns names that had to be killed.
+        With `finish_evaluation` (a run that ended normally) the evaluator may first
+        play the evaluation due, up to EVAL_FINISH_TIMEOUT_S.
 
         A child stopped by SIGSTOP (a chaos test, a debugger) sees neither the stop
         flag nor SIGTERM until it is continued. SIGKILL alone would reach it, but
@@ -565,12 +576,17 @@ class Runner:
         for torchrun to SIGKILL this runner first, and without the learner's final
         checkpoint. So every descendant is continued first, and a stopped child
         then leaves as a running one does."""
+        if not finish_evaluation:
+            self.eval_abandon.set()
         self.ctx.stop.set()
         continue_descendants()
         deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if is_learner(p.name) else JOIN_TIMEOUT_S)
                     for p in self.processes}
         for p in self.processes:
-            p.join(max(0.0, deadline[p] - time.time()))
+            if p is not self.evaluator:
+                p.join(max(0.0, deadline[p] - time.time()))
+        if self.evaluator is not None:
+            self._wait_for_evaluator()
         killed = []
         for p in self.processes:
             if p.is_alive():
@@ -583,6 +599,16 @@ class Runner:
         if torch.device(self.device).type == "cuda":
             remove_driver_files(self.child_pids)  # their CUDA IPC files (fastrl.cuda.ipc); they are gone
         return killed
+
+    def _wait_for_evaluator(self) -> None:
+        """Let the evaluator finish its last evaluation (unless abandoned), then ask it to leave."""
+        evaluator = self.evaluator
+        evaluator.join(1.0)
+        if evaluator.is_alive() and not self.eval_abandon.is_set():
+            self.say(f"finishing the evaluation due (up to {EVAL_FINISH_TIMEOUT_S:.0f} s; Ctrl-C skips it)")
+            evaluator.join(EVAL_FINISH_TIMEOUT_S)
+        self.eval_abandon.set()
+        evaluator.join(JOIN_TIMEOUT_S)
 
     # -- watching -----------------------------------------------------------------------
     def count(self, field: str) -> float:
@@ -785,8 +811,8 @@ class Runner:
             reason = f"stopped by {signal.Signals(signum).name}"
             exit_code = 128 + int(signum)
         finally:
-            signals.ignore()  # a second Ctrl-C must not cut the shutdown short
-            killed = self.stop_children()
+            signals.during_shutdown(self.eval_abandon.set)  # Ctrl-C skips the last evaluation, nothing else
+            killed = self.stop_children(finish_evaluation=reason is not None and exit_code == 0)
             self._drain(start, monitor)
             locks.stop()
             signals.restore()
