@@ -2,11 +2,12 @@
 # fastrl's GPU checks in one pass, for a machine with one CUDA GPU that may reach no
 # package registry: the GPU tests, fastrl against Sample Factory 2.1.1 on doom_battle
 # and doom_defend_the_center with both sides' learner and inference on the GPU, the
-# planner's own layout there, and the model's costs in fp32 and bf16 on the GPU.
+# planner's own layout there, the model's costs in fp32 and bf16 on the GPU, and the
+# bench's account of where the GPU's and the processes' time goes.
 #
 #   OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh [STEP...]
 #
-# Steps, in this order, all by default: tests precision battle planned dtc.
+# Steps, in this order, all by default: tests precision bench battle planned dtc.
 # SECONDS_PER_RUN (60), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT (fixed) set
 # the comparisons.
 #
@@ -59,7 +60,7 @@ if [ -d .whl/sf ]; then
 fi
 TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 
-STEPS=${*:-tests precision battle planned dtc}
+STEPS=${*:-tests precision bench battle planned dtc}
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 # FASTRL_LAYOUT=planned lets fastrl's planner choose its layout against SF's (WORKERS x ENVS).
 VS=(benchmarks/vs_sample_factory.py --device cuda --rounds 1 --seconds "$SECONDS_PER_RUN" --skip 20
@@ -78,6 +79,11 @@ wants tests && step gpu_tests 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider 
 # The model on the GPU in fp32 and bf16: forward at the inference batch, learner step.
 wants precision && step precision 120 bash -c "for p in fp32 bf16; do $PY -m fastrl.bench --env doom_battle \
     --mode infer --device cuda --precision \$p --seconds 5 --warmup 2 --with_wandb false; done"
+
+# Where the time goes at the planned layout: the GPU's own share (learner's steps,
+# policy workers' forwards, uploads, action copies) beside each process's host time.
+wants bench && step bench 150 "$PY" -m fastrl.bench --env doom_battle --mode train --device cuda \
+    --seconds 20 --warmup 30 --with_wandb false
 
 # fastrl against Sample Factory on doom_battle, both on the GPU, one rollout worker
 # per core and one GPU inference process on each side.

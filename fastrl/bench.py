@@ -27,7 +27,12 @@ The report gives each mode's env frames/s (agent steps x frameskip) and agent
 steps/s, the ratios to the two limits, and for the trainer where the time goes:
 samples produced/received/trained per second, each component's busy, waiting and
 communication fractions, policy lag and staleness, the cores the run and other
-programs used, and the bottleneck.
+programs used, and the bottleneck. On a GPU run it adds the GPU's share of the
+window by what it ran (the learner's steps, the policy workers' forwards, the
+batch uploads and the action copies, each the device time between CUDA events:
+fastrl.cuda.timing), its time per agent step against the wall's, and the copies'
+time per batch and per forward; the bottleneck is then the GPU when it is busy
+nearly all the time, and otherwise the host work of whoever holds the run up.
 """
 from __future__ import annotations
 
@@ -321,8 +326,32 @@ def _rate_report(window: _Window, learn: bool) -> dict:
     # Core time per agent step by role: what the compute-bound limit's parts become
     # when they run together (see _ratios).
     result["core_s_per_step"] = {role: seconds / max(steps, 1.0) for role, seconds in roles.items()}
-    result["bottleneck"] = diagnose(parts, cores=usable_cores(), others_cores=max(0.0, machine - ours))
+    gpu = _gpu_report(delta, rows, dt, steps)
+    if gpu is not None:
+        result["gpu"] = gpu
+    result["bottleneck"] = diagnose(parts, cores=usable_cores(), others_cores=max(0.0, machine - ours),
+                                    gpu_busy=None if gpu is None else gpu["busy"])
     return result
+
+
+def _gpu_report(delta, rows, dt: float, steps: float):
+    """The GPU's share of the window (fastrl.cuda.timing's device time per wall
+    second) by what it ran, its time per agent step, and the copies' time per
+    batch and per forward; None on a run that used no GPU."""
+    learners, policies = rows("learner"), rows("policy_")
+    spans = {"learner": sum(delta(r, "gpu_s") for r in learners), "policy": sum(delta(r, "gpu_s") for r in policies),
+             "h2d": sum(delta(r, "h2d_s") for r in learners), "d2h": sum(delta(r, "d2h_s") for r in policies)}
+    total = sum(spans.values())
+    if total <= 0.0:
+        return None
+    batches = sum(delta(r, "learner_steps") for r in learners)
+    forwards = sum(delta(r, "inference_batches") for r in policies)
+    # Spans of different processes may overlap in time (the GPU interleaves their
+    # kernels), so the sum can pass the wall time: the share is capped at 1.
+    return {"busy": min(1.0, total / dt), "shares": {k: v / dt for k, v in spans.items()},
+            "s_per_step": total / max(steps, 1.0), "wall_s_per_step": dt / max(steps, 1.0),
+            "h2d_s_per_batch": spans["h2d"] / batches if batches else None,
+            "d2h_s_per_forward": spans["d2h"] / forwards if forwards else None}
 
 
 def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, progress: _Progress) -> dict:
@@ -601,6 +630,8 @@ def _time_lines(mode: str, res: dict, cfg: Config, cores: int) -> list:
                f" (of {cores} usable)")
     per_step = ", ".join(f"{role} {_us(s)}" for role, s in res["core_s_per_step"].items())
     out.append(f"  core time per agent step: {per_step}")
+    if "gpu" in res:
+        out += _gpu_lines(res["gpu"])
     if "env_restarts" in res:
         out.append(f"  warning: envs raised and were restarted {res['env_restarts']:.0f} times in the window;"
                    " these rates include the failures.")
@@ -613,6 +644,22 @@ def _time_lines(mode: str, res: dict, cfg: Config, cores: int) -> list:
             out.append(f"  learner: {describe_compile(report)}" + (
                 f"; the window began {waited:.0f} s after the warm-up, once that was chosen" if waited > 0 else ""))
     out.append(f"  bottleneck: {res['bottleneck']}")
+    return out
+
+
+def _gpu_lines(g: dict) -> list:
+    names = {"learner": "learner's steps", "policy": "policy workers' forwards", "h2d": "batch uploads",
+             "d2h": "action copies"}
+    shares = ", ".join(f"{names[k]} {v:.0%}" for k, v in g["shares"].items() if v > 0)
+    out = [f"  GPU: busy {g['busy']:.0%} of the window ({shares}); {_us(g['s_per_step'])} of GPU time per agent step"
+           f" of {_us(g['wall_s_per_step'])} wall"]
+    copies = []
+    if g["h2d_s_per_batch"] is not None:
+        copies.append(f"upload {g['h2d_s_per_batch'] * 1e3:.2f} ms a batch")
+    if g["d2h_s_per_forward"] is not None:
+        copies.append(f"actions back {g['d2h_s_per_forward'] * 1e3:.3f} ms a forward")
+    if copies:
+        out.append("  GPU copies: " + ", ".join(copies))
     return out
 
 

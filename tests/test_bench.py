@@ -292,6 +292,50 @@ def test_cores_taken_by_other_programs_are_named():
     assert "other programs" not in diagnose(fractions, cores=2, others_cores=0.1)
 
 
+def test_a_busy_gpu_is_the_bottleneck_and_an_idle_one_points_at_host_work():
+    # On a GPU run the learner counts as busy while it waits for its kernels, so only
+    # the GPU's own share tells the two apart.
+    fractions = {"rollout": {"busy": 0.4, "wait": 0.55}, "policy": {"busy": 0.5, "wait": 0.4},
+                 "learner": {"busy": 0.98, "wait": 0.01}}
+    assert diagnose(fractions, gpu_busy=0.93) == ("gpu-bound: the GPU is busy 93% of the time, and the learner and "
+                                                  "policy workers wait for its kernels.")
+    assert diagnose(fractions, gpu_busy=0.4) == ("learner-bound: the learner is busy 98% training, rollout workers "
+                                                 "wait 55%; the GPU is busy only 40%, so it is the learner's host "
+                                                 "work that limits.")
+    env_bound = {"rollout": {"busy": 0.97, "wait": 0.01}, "learner": {"busy": 0.3, "wait": 0.7}}
+    assert "GPU" not in diagnose(env_bound, gpu_busy=0.2)
+
+
+def _deltas(table: dict):
+    return (lambda row, field: table.get(row, {}).get(field, 0.0)), (lambda prefix: [r for r in table
+                                                                                      if r.startswith(prefix)])
+
+
+def test_the_gpu_report_splits_the_device_time_by_what_ran():
+    delta, rows = _deltas({
+        "learner": {"gpu_s": 6.0, "h2d_s": 1.0, "learner_steps": 100},
+        "policy_0": {"gpu_s": 1.5, "d2h_s": 0.25, "inference_batches": 500},
+        "policy_1": {"gpu_s": 1.5, "d2h_s": 0.25, "inference_batches": 500},
+        "rollout_0": {"env_steps": 50_000}})
+    gpu = bench._gpu_report(delta, rows, dt=20.0, steps=100_000)
+    assert gpu["busy"] == pytest.approx(10.5 / 20)
+    assert gpu["shares"] == pytest.approx({"learner": 0.3, "policy": 0.15, "h2d": 0.05, "d2h": 0.025})
+    assert gpu["s_per_step"] == pytest.approx(10.5 / 100_000) and gpu["wall_s_per_step"] == pytest.approx(2e-4)
+    assert gpu["h2d_s_per_batch"] == pytest.approx(0.01) and gpu["d2h_s_per_forward"] == pytest.approx(5e-4)
+    lines = bench._gpu_lines(gpu)
+    assert lines[0].startswith("  GPU: busy 52% of the window (learner's steps 30%, policy workers' forwards 15%, "
+                               "batch uploads 5%, action copies 2%)")
+    assert lines[1] == "  GPU copies: upload 10.00 ms a batch, actions back 0.500 ms a forward"
+    # Overlapping spans of several processes can add up past the wall time.
+    delta, rows = _deltas({"learner": {"gpu_s": 30.0, "learner_steps": 1}, "policy_0": {"gpu_s": 5.0}})
+    assert bench._gpu_report(delta, rows, dt=20.0, steps=10)["busy"] == 1.0
+
+
+def test_a_run_without_gpu_time_has_no_gpu_report():
+    delta, rows = _deltas({"learner": {"busy_s": 9.0, "learner_steps": 10}, "rollout_0": {"env_steps": 100}})
+    assert bench._gpu_report(delta, rows, dt=10.0, steps=100) is None
+
+
 def test_unknown_component_is_refused():
     with pytest.raises(ValueError, match="components among"):
         diagnose({"gpu": {"busy": 1.0}})

@@ -22,6 +22,7 @@ from fastrl.cuda.graphs import (
 )
 from fastrl.cuda.ipc import copy_and_wait, device_param_buffer, remove_driver_files
 from fastrl.cuda.staging import BatchStager, CudaStager, PassThroughStager
+from fastrl.cuda.timing import MAX_PENDING, DeviceClock, NullClock
 from fastrl.plumbing.params import SharedParams, device_copies
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
@@ -195,7 +196,102 @@ def test_the_device_copy_of_the_weights_stays_out_of_the_pickled_context():
     assert copy.on_device is None  # let go on leaving
 
 
+class _Row:
+    def __init__(self):
+        self.added = []
+
+    def add(self, field, seconds):
+        self.added.append((field, seconds))
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: `record` stamps the next tick of a shared clock;
+    `fired` says whether the fake GPU has reached it."""
+    ticks = iter(range(1000))
+
+    def __init__(self):
+        self.stamp, self.fired, self.waited = None, False, False
+
+    def record(self, stream):
+        self.stamp = next(_FakeEvent.ticks)
+
+    def query(self):
+        return self.fired
+
+    def synchronize(self):
+        self.waited = self.fired = True
+
+    def elapsed_time(self, end):
+        assert end.fired, "reading a span before its end fired would block"
+        return float(end.stamp - self.stamp)  # milliseconds, as torch's
+
+
+def test_the_device_clock_adds_spans_in_order_once_their_end_fired():
+    row, events = _Row(), []
+
+    def new_event():
+        events.append(_FakeEvent())
+        return events[-1]
+
+    clock = DeviceClock(row, new_event, current_stream=lambda: None)
+    with clock.span("gpu_s"):
+        pass
+    start, end = events[-2:]
+    other_start, other_end = _FakeEvent(), _FakeEvent()
+    other_start.record(None)
+    other_end.record(None)
+    clock.add_events("h2d_s", other_start, other_end)
+    clock.collect()
+    assert row.added == []  # nothing has fired: nothing read, nothing waited for
+    other_end.fired = True
+    clock.collect()
+    assert row.added == [], "a later span does not pass an earlier one still running"
+    end.fired = True
+    clock.collect()
+    assert row.added == [("gpu_s", (end.stamp - start.stamp) / 1000), ("h2d_s", 1 / 1000)]
+    assert not end.waited and not other_end.waited
+
+
+def test_the_device_clock_waits_for_its_oldest_span_only_past_its_bound():
+    row = _Row()
+    clock = DeviceClock(row, _FakeEvent, current_stream=lambda: None)
+    for _ in range(MAX_PENDING + 1):
+        with clock.span("gpu_s"):
+            pass
+    assert len(row.added) == 1 and row.added[0][0] == "gpu_s"
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+def test_a_cpu_device_gets_a_clock_that_records_nothing(device):
+    row = _Row()
+    clock = DeviceClock.for_device(device, row)
+    assert isinstance(clock, NullClock)
+    with clock.span("gpu_s"):
+        clock.add_events("h2d_s", None, None)
+    clock.collect()
+    assert row.added == []
+
+
 # -- GPU paths (skipped without a CUDA device) ----------------------------------------
+
+@needs_gpu
+def test_the_device_clock_times_kernels_and_the_stager_its_uploads():
+    row = _Row()
+    clock = DeviceClock.for_device("cuda", row)
+    stager = BatchStager.for_device("cuda", clock)
+    big = {"frames": torch.ones(64, 3, 72, 128, dtype=torch.uint8)}  # ~1.8 MB, as a small Doom batch
+    staged = stager.finish(stager.start(big))
+    a = torch.randn(2048, 2048, device="cuda")
+    with clock.span("gpu_s"):
+        for _ in range(10):
+            a = a @ a / 2048
+    torch.cuda.synchronize()
+    clock.collect()
+    fields = dict(row.added)
+    assert set(fields) == {"h2d_s", "gpu_s"}, row.added
+    assert 0 < fields["h2d_s"] < 1 and 0 < fields["gpu_s"] < 1
+    assert torch.equal(staged["frames"].cpu(), big["frames"])
+
 
 @needs_gpu
 def test_staged_batches_equal_their_sources_while_prefetching():

@@ -1,6 +1,7 @@
 """The main job on a GPU, run as a user runs it: the learner and a policy worker on
 CUDA, the policy worker acting through CUDA graphs with the learner's weights
 handed over by CUDA IPC. Skipped, with the reason, where torch sees no GPU."""
+import json
 import os
 
 from helpers import GPU_MARKS, TrainRun, read_summary
@@ -27,3 +28,15 @@ def test_doom_basic_learns_in_60_s_on_the_gpu(tmp_path):
     assert summary["mean_return_100"] > baseline + 30, (baseline, summary, out)
     assert run.leftover_processes() == []
     assert run.new_shm_entries() == set()
+
+
+def test_the_bench_reports_the_gpus_share_and_copies(tmp_path):
+    out = tmp_path / "bench.json"
+    run = TrainRun(["--env", "doom_basic", "--train_dir", str(tmp_path), "--device", "cuda", "--plan", "off",
+                    "--num_workers", "4", "--num_envs_per_worker", "16", "--inference", "policy_worker",
+                    "--mode", "train", "--seconds", "10", "--warmup", "10", "--json", str(out)], module="fastrl.bench")
+    assert run.wait(timeout=150) == 0, run.output()
+    gpu = json.loads(out.read_text())["results"]["train"]["gpu"]
+    assert 0 < gpu["busy"] <= 1 and gpu["shares"]["learner"] > 0 and gpu["shares"]["policy"] > 0, gpu
+    assert gpu["h2d_s_per_batch"] > 0 and gpu["d2h_s_per_forward"] > 0, gpu
+    assert "GPU: busy" in run.output() and "GPU copies: upload" in run.output()

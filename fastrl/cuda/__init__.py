@@ -6,6 +6,8 @@
   CUDA graphs at a ladder of padded batch sizes.
 - `ipc`: `device_param_buffer` / `copy_and_wait`, a parameter tensor shared between
   processes (CUDA IPC on a GPU, shared memory on a CPU).
+- `timing`: `DeviceClock`, the GPU's own time for spans of a process's work (CUDA
+  events read once they fired), for the stats board and `fastrl.bench`.
 
 Every module imports on a CPU-only torch build; callers ask `cuda_available()` (or
 use the `for_device` / `make_policy_runner` factories, which ask it for them) and

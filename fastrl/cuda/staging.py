@@ -21,6 +21,10 @@ training kernels already queued there. On their own stream they run on the copy
 engine at the same time, and an event hands the result to the compute stream.
 
 On a CPU there is nothing to move, and `PassThroughStager` returns the batch itself.
+
+Given a clock (fastrl.cuda.timing), the stager reports each upload's device time
+as `h2d_s`: the pinned host copies all happen before the first upload is enqueued,
+so the span between its two events is the copy engine's alone.
 """
 
 from abc import ABC, abstractmethod
@@ -42,15 +46,16 @@ class BatchStager(ABC):
     """
 
     @staticmethod
-    def for_device(device) -> "BatchStager":
-        """A pass-through stager for a CPU device, a `CudaStager` for a CUDA one."""
+    def for_device(device, clock=None) -> "BatchStager":
+        """A pass-through stager for a CPU device, a `CudaStager` for a CUDA one
+        (reporting its uploads to `clock`, a DeviceClock, when given)."""
         device = torch.device(device)
         if device.type == "cpu":
             return PassThroughStager()
         if device.type == "cuda":
             if not cuda_available():
                 raise RuntimeError(f"Cannot stage batches to {device}: torch sees no CUDA device.")
-            return CudaStager(device)
+            return CudaStager(device, clock)
         raise ValueError(f"Batch staging supports cpu and cuda devices, got {device}.")
 
     @abstractmethod
@@ -87,21 +92,27 @@ class CudaStager(BatchStager):
     usually takes longer than the previous upload, so the wait is rarely felt.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, clock=None):
         self.device = torch.device(device)
         self._stream = torch.cuda.Stream(device=self.device)
         self._pinned: Dict[Tuple[Any, ...], torch.Tensor] = {}
         self._last_copy: Optional[torch.cuda.Event] = None
+        self._clock = clock
 
     def start(self, batch: Batch) -> _Staged:
         if self._last_copy is not None:
             self._last_copy.synchronize()
+        pinned = self._pin(batch, ())
         with torch.cuda.stream(self._stream):
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(self._stream)
             # Device memory is allocated here, on the side stream; `finish` tells the
             # caching allocator about its use on the compute stream.
-            device_batch = self._upload(batch, ())
-            copied = torch.cuda.Event()
+            device_batch = _to_device(pinned, self.device)
+            copied = torch.cuda.Event(enable_timing=True)
             copied.record(self._stream)
+        if self._clock is not None:
+            self._clock.add_events("h2d_s", began, copied)
         self._last_copy = copied
         return _Staged(device_batch, copied)
 
@@ -114,14 +125,14 @@ class CudaStager(BatchStager):
         _record_stream(handle.batch, stream)
         return handle.batch
 
-    def _upload(self, batch: Batch, path: Tuple[Any, ...]) -> Batch:
+    def _pin(self, batch: Batch, path: Tuple[Any, ...]) -> Batch:
+        """The batch copied into this stager's pinned blocks, same nesting."""
         out = {}
         for key, value in batch.items():
             if isinstance(value, dict):
-                out[key] = self._upload(value, path + (key,))
+                out[key] = self._pin(value, path + (key,))
             elif isinstance(value, torch.Tensor) and value.device.type == "cpu":
-                pinned = self._pinned_copy(path + (key,), value)
-                out[key] = pinned.to(self.device, non_blocking=True)
+                out[key] = self._pinned_copy(path + (key,), value)
             else:
                 raise TypeError(
                     f"Batch entry {'/'.join(map(str, path + (key,)))} is {type(value).__name__} "
@@ -143,6 +154,11 @@ class CudaStager(BatchStager):
         buf = block[:nbytes].view(src.dtype).as_strided(src.shape, strides)
         buf.copy_(src)
         return buf
+
+
+def _to_device(pinned: Batch, device: torch.device) -> Batch:
+    return {key: _to_device(value, device) if isinstance(value, dict) else value.to(device, non_blocking=True)
+            for key, value in pinned.items()}
 
 
 def _record_stream(batch: Batch, stream: torch.cuda.Stream) -> None:

@@ -26,6 +26,7 @@ import torch
 from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.cuda.staging import BatchStager
+from fastrl.cuda.timing import DeviceClock
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.learning.compiled import COMPILE_KEY, CompiledEvaluate, auto_compiles
@@ -75,7 +76,8 @@ class Learner:
         # Start from exactly the weights the runner published, which the actors already use.
         load_flat_state(self.model, self.params.flat.clone())
         self.model.to(self.device).train()
-        self.stager = BatchStager.for_device(self.device)
+        self.clock = DeviceClock.for_device(self.device, self.row)  # the GPU's time for its steps and uploads
+        self.stager = BatchStager.for_device(self.device, self.clock)
         self.optimizer = FusedAdam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
                                          auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
@@ -145,8 +147,10 @@ class Learner:
                     mark("learner: first batch gathered")
                 if ctx.hyper is not None:
                     self._take_hyper()
-                with self.timer("busy_s"):
-                    self.train_on(self.stager.finish(upload))
+                batch = self.stager.finish(upload)  # the GPU's clock starts after the upload
+                with self.timer("busy_s"), self.clock.span("gpu_s"):
+                    self.train_on(batch)
+                self.clock.collect()
                 if first:
                     mark("learner: first batch trained")
                     first = False

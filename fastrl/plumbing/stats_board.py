@@ -17,6 +17,9 @@ FIELDS = (
     "busy_s",             # seconds computing (env steps, forward, backward)
     "wait_s",             # seconds blocked waiting for work or for a free buffer
     "comm_s",             # seconds moving data: queue ops, copies in and out of shared memory
+    "gpu_s",              # GPU seconds of the learner's steps or the policy workers' forwards (fastrl.cuda.timing)
+    "h2d_s",              # GPU seconds uploading batches to the device (learner)
+    "d2h_s",              # GPU seconds copying actions back to the host (policy workers)
     "sync_s",             # seconds in collectives with the other torchrun ranks, waits for them included (learner)
     "samples_received",   # samples taken from the trajectory queue (learner)
     "samples_trained",    # samples that contributed to a gradient step (learner)

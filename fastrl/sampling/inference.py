@@ -12,6 +12,7 @@ import torch
 
 from fastrl.algo.model import build_model, load_flat_state
 from fastrl.cuda.graphs import make_policy_runner
+from fastrl.cuda.timing import DeviceClock
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import BoardRow
@@ -36,6 +37,7 @@ class PolicyCopy:
         self.version = -1
         self.refresh()
         self._act = make_policy_runner(self.model, self.device, max_batch)
+        self.clock = DeviceClock.for_device(self.device, row)  # the GPU's time for forwards and copies
 
     def refresh(self) -> None:
         version = self.params.read_if_newer(self.version, self._flat)

@@ -67,10 +67,12 @@ def _answer(cfg, ctx: SharedContext, policy: PolicyCopy, requests: list, timer: 
     with timer("comm_s"):
         obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}
         rnn = torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests])
-    with timer("busy_s"):
+    with timer("busy_s"), policy.clock.span("gpu_s"):
         out = policy.act(obs, rnn)
     with timer("comm_s"):
-        actions, logp, values, rnn_out = out.actions.cpu(), out.logp.cpu(), out.values.cpu(), out.rnn_state.cpu()
+        with policy.clock.span("d2h_s"):
+            actions, logp, values, rnn_out = out.actions.cpu(), out.logp.cpu(), out.values.cpu(), out.rnn_state.cpu()
+        policy.clock.collect()  # the copies waited for the forward: both spans have ended
         for i, (w, s, buf, t) in enumerate(requests):
             rows = slice(i * n, (i + 1) * n)
             b.actions[buf, t] = actions[rows]

@@ -15,6 +15,10 @@ trajectories). Two special cases:
   within a few percent of each other; neither holds the other up.
 - latency-bound: no component is active even half of its time, so the time is
   lost in the round trips between them.
+On a GPU run the learner and the policy workers count as busy while they wait for
+their kernels, so the GPU's own share (its device time per wall second) decides
+between them and it: at GPU_BOUND or more the GPU is the bottleneck; below it, a
+busy learner or policy worker is held by its host work, and the sentence says so.
 
 A pure function of numbers, so it is tested on hand-made fractions and reused on
 anything that fills the same dict (bench windows, the planner's predictions).
@@ -29,6 +33,7 @@ BALANCED_SCORES = 0.05  # ... and their scores this close: neither holds the oth
 COMM_WORTH_NAMING = 0.2  # communication share large enough to mention next to busy
 OVERSUBSCRIBED = 1.05  # active core-equivalents over the cores (slack for timer noise)
 OTHERS_WORTH_NAMING = 0.25  # cores used by other programs worth a warning
+GPU_BOUND = 0.9  # the GPU's device time per wall second past which it limits the run
 
 
 class _Role(NamedTuple):
@@ -54,7 +59,8 @@ def _pct(x: float) -> str:
     return f"{round(100 * x)}%"
 
 
-def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optional[float] = None) -> str:
+def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optional[float] = None,
+             gpu_busy: Optional[float] = None) -> str:
     """One sentence naming the bottleneck.
 
     fractions: {component: {"busy": f, "wait": f, "comm": f, "count": n}} with
@@ -65,6 +71,7 @@ def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optio
     that, the sentence adds that the processes also compete for CPU.
     others_cores: cores other programs on the machine used meanwhile; named when
     they took a noticeable share, since then every rate is lower than it could be.
+    gpu_busy: on a GPU run, the GPU's device time per wall second (0-1).
     """
     unknown = set(fractions) - set(_ROLES)
     if unknown or not fractions:
@@ -77,7 +84,10 @@ def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optio
     ranked = sorted(fractions, key=lambda c: active[c] - get(c, "wait"), reverse=True)
     top = ranked[0]
     role = _ROLES[top]
-    if active[top] < SATURATED:
+    if gpu_busy is not None and gpu_busy >= GPU_BOUND:
+        waiters = " and ".join(_ROLES[c].noun for c in ("learner", "policy") if c in fractions)
+        sentence = f"gpu-bound: the GPU is busy {_pct(gpu_busy)} of the time, and {waiters} wait for its kernels"
+    elif active[top] < SATURATED:
         sentence = (f"latency-bound: no component is active half of its time (the busiest: {role.noun} {role.be} "
                     f"busy {_pct(get(top, 'busy'))}), so the time goes to round trips between them")
     elif (len(ranked) > 1 and min(active[top], active[ranked[1]]) >= BALANCED_ACTIVE
@@ -96,6 +106,9 @@ def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optio
         waiter = next((c for c in _EVIDENCE[top] if c in fractions), None)
         if waiter:
             sentence += f", {_ROLES[waiter].noun} {_ROLES[waiter].wait} {_pct(get(waiter, 'wait'))}"
+        if gpu_busy is not None and top in ("learner", "policy"):
+            owner = role.noun + ("'" if role.noun.endswith("s") else "'s")
+            sentence += f"; the GPU is busy only {_pct(gpu_busy)}, so it is {owner} host work that limits"
     if cores:
         demand = sum(active[c] * fractions[c].get("count", 1) for c in fractions)
         if demand > cores * OVERSUBSCRIBED:

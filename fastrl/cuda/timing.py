@@ -1,0 +1,93 @@
+"""How long the GPU spends on a process's work, without making the process wait for it.
+
+A wall-clock timer around GPU work measures the host: kernel launches return at
+once, and the time lands wherever the host next waits (a `.cpu()`, a synchronize).
+CUDA events recorded on the stream before and after the work are stamped by the
+GPU itself when it reaches them, so their difference is the device's time for the
+span: from its first kernel starting to its last one ending. That includes gaps in
+which the GPU idled waiting for the host to launch the next kernel, so a span is an
+upper bound on the kernels' own busy time; reading exact busy time needs a profiler
+(CUPTI), too heavy to leave on during training.
+
+Reading an event's time before the GPU has reached it would block, so spans are
+kept pending and added to the stats board only once their end event has fired
+(`collect`, called once per loop). The counters therefore trail the work by a
+batch at most.
+
+    clock = DeviceClock.for_device(device, row)
+    with clock.span("gpu_s"):
+        train_on(batch)
+    clock.collect()
+
+On a CPU device `for_device` returns a clock whose spans cost nothing and record
+nothing: the board's wall-clock busy time already is the compute time there.
+"""
+
+from collections import deque
+from contextlib import contextmanager
+from typing import Deque, Tuple
+
+import torch
+
+# Pending spans kept before the oldest is read blocking: a process whose GPU work
+# never finishes is broken anyway, and the bound keeps the deque from growing.
+MAX_PENDING = 64
+
+
+class DeviceClock:
+    """Accumulates device seconds of spans of GPU work into fields of a board row
+    (anything with `add(field, seconds)`)."""
+
+    @staticmethod
+    def for_device(device, row) -> "DeviceClock":
+        device = torch.device(device)
+        if device.type == "cuda":
+            return DeviceClock(row, lambda: torch.cuda.Event(enable_timing=True), torch.cuda.current_stream)
+        return NullClock()
+
+    def __init__(self, row, new_event, current_stream):
+        self._row = row
+        self._new_event = new_event  # a factory, so tests can hand in fake events
+        self._current_stream = current_stream
+        self._pending: Deque[Tuple[str, object, object]] = deque()
+
+    @contextmanager
+    def span(self, field: str):
+        """Time the GPU work enqueued on the current stream inside the block."""
+        start = self._new_event()
+        start.record(self._current_stream())
+        yield
+        end = self._new_event()
+        end.record(self._current_stream())
+        self.add_events(field, start, end)
+
+    def add_events(self, field: str, start, end) -> None:
+        """Count the span between two events already recorded (on any stream)."""
+        self._pending.append((field, start, end))
+        if len(self._pending) > MAX_PENDING:
+            field, start, end = self._pending.popleft()
+            end.synchronize()
+            self._row.add(field, start.elapsed_time(end) / 1000.0)
+
+    def collect(self) -> None:
+        """Add every finished span, in order, to the board; leave the rest pending."""
+        while self._pending and self._pending[0][2].query():
+            field, start, end = self._pending.popleft()
+            self._row.add(field, start.elapsed_time(end) / 1000.0)
+
+
+class NullClock(DeviceClock):
+    """A CPU device's clock: nothing runs on a GPU, so nothing is recorded."""
+
+    def __init__(self):
+        super().__init__(None, None, None)
+
+    @contextmanager
+    def span(self, field: str):
+        yield
+
+    def add_events(self, field: str, start, end) -> None:
+        pass
+
+    def collect(self) -> None:
+        pass
