@@ -159,22 +159,25 @@ def test_an_evaluation_due_when_training_ends_is_still_played(harness):
     assert best_state(harness.cfg)["version"] == 5
 
 
-def test_the_end_of_training_lets_an_evaluation_under_way_finish(tmp_path):
-    h = Harness(make_cfg(tmp_path, eval_episodes=20))  # ~10,000 balanced steps: about a second
+def _evaluating(tmp_path, episodes: int, settle_s: float) -> Harness:
+    """An evaluator given `settle_s` to begin an evaluation of `episodes` balanced
+    episodes (~450 steps each) of the lean controller."""
+    h = Harness(make_cfg(tmp_path, eval_episodes=episodes))
     h.publish(lean_controller=True, version=0)
     h.start()
     h.set_frames(EVERY)
-    time.sleep(0.3)
+    time.sleep(settle_s)
+    return h
+
+
+def test_the_end_of_training_lets_an_evaluation_under_way_finish(tmp_path):
+    h = _evaluating(tmp_path, episodes=20, settle_s=0.3)  # ~10,000 balanced steps: about a second
     h.end_training(timeout=RESULT_TIMEOUT_S)
     assert h.next_result()["eval/return"] > 200
 
 
 def test_stop_abandons_an_evaluation_under_way(tmp_path):
-    h = Harness(make_cfg(tmp_path, eval_episodes=200))  # ~90,000 balanced steps: seconds of work
-    h.publish(lean_controller=True, version=0)
-    h.start()
-    h.set_frames(EVERY)
-    time.sleep(0.5)
+    h = _evaluating(tmp_path, episodes=200, settle_s=0.5)  # ~90,000 balanced steps: seconds of work
     assert h.stop() < 0.5
     assert h.results.empty() and not os.path.exists(os.path.join(checkpoint_dir(h.cfg), "best.pt"))
 

@@ -65,15 +65,17 @@ class DeviceClock:
         """Count the span between two events already recorded (on any stream)."""
         self._pending.append((field, start, end))
         if len(self._pending) > MAX_PENDING:
-            field, start, end = self._pending.popleft()
-            end.synchronize()
-            self._row.add(field, start.elapsed_time(end) / 1000.0)
+            self._pending[0][2].synchronize()
+            self._add_oldest()
 
     def collect(self) -> None:
         """Add every finished span, in order, to the board; leave the rest pending."""
         while self._pending and self._pending[0][2].query():
-            field, start, end = self._pending.popleft()
-            self._row.add(field, start.elapsed_time(end) / 1000.0)
+            self._add_oldest()
+
+    def _add_oldest(self) -> None:
+        field, start, end = self._pending.popleft()
+        self._row.add(field, start.elapsed_time(end) / 1000.0)  # elapsed_time is in milliseconds
 
 
 class NullClock(DeviceClock):
