@@ -31,8 +31,9 @@ programs used, and the bottleneck. On a GPU run it adds the GPU's share of the
 window by what it ran (the learner's steps, the policy workers' forwards, the
 batch uploads and the action copies, each the device time between CUDA events:
 fastrl.cuda.timing), its time per agent step against the wall's, and the copies'
-time per batch and per forward; the bottleneck is then the GPU when it is busy
-nearly all the time, and otherwise the host work of whoever holds the run up.
+time per batch and per forward; when the learner or a policy worker holds the run
+up, the bottleneck is then the GPU if it is busy nearly all the time, and
+otherwise that process's host work.
 """
 from __future__ import annotations
 
@@ -347,8 +348,9 @@ def _gpu_report(delta, rows, dt: float, steps: float):
     batches = sum(delta(r, "learner_steps") for r in learners)
     forwards = sum(delta(r, "inference_batches") for r in policies)
     # Spans of different processes may overlap in time (the GPU interleaves their
-    # kernels), so the sum can pass the wall time: the share is capped at 1.
-    return {"busy": min(1.0, total / dt), "shares": {k: v / dt for k, v in spans.items()},
+    # kernels), so the sum can pass the wall time: the share is capped at 1, and
+    # `spanned` keeps the sum for the report to say so.
+    return {"busy": min(1.0, total / dt), "spanned": total / dt, "shares": {k: v / dt for k, v in spans.items()},
             "s_per_step": total / max(steps, 1.0), "wall_s_per_step": dt / max(steps, 1.0),
             "h2d_s_per_batch": spans["h2d"] / batches if batches else None,
             "d2h_s_per_forward": spans["d2h"] / forwards if forwards else None}
@@ -653,6 +655,9 @@ def _gpu_lines(g: dict) -> list:
     shares = ", ".join(f"{names[k]} {v:.0%}" for k, v in g["shares"].items() if v > 0)
     out = [f"  GPU: busy {g['busy']:.0%} of the window ({shares}); {_us(g['s_per_step'])} of GPU time per agent step"
            f" of {_us(g['wall_s_per_step'])} wall"]
+    if g["spanned"] > 1.0:
+        out.append(f"  GPU: the spans add to {g['spanned']:.0%} of the window: those of different processes overlap,"
+                   " each counting the time its kernels queued behind the others', so the GPU itself did less")
     copies = []
     if g["h2d_s_per_batch"] is not None:
         copies.append(f"upload {g['h2d_s_per_batch'] * 1e3:.2f} ms a batch")

@@ -306,6 +306,17 @@ def test_a_busy_gpu_is_the_bottleneck_and_an_idle_one_points_at_host_work():
     assert "GPU" not in diagnose(env_bound, gpu_busy=0.2)
 
 
+def test_a_full_gpu_does_not_hide_rollout_workers_that_hold_the_run_up():
+    # An H200 run of doom_defend_the_center, 8 workers x 64 envs and one GPU policy
+    # worker: the GPU's spans added to 110% of the window, yet the rollout workers
+    # were busy 98% while the policy worker and the learner waited a quarter of theirs.
+    fractions = {"rollout": {"busy": 0.98, "wait": 0.0, "comm": 0.01, "count": 8},
+                 "policy": {"busy": 0.49, "wait": 0.24, "comm": 0.26},
+                 "learner": {"busy": 0.56, "wait": 0.24, "comm": 0.19}}
+    assert diagnose(fractions, gpu_busy=1.0) == ("env-bound: rollout workers are busy 98% stepping envs, "
+                                                 "the learner waits 24%.")
+
+
 def _deltas(table: dict):
     return (lambda row, field: table.get(row, {}).get(field, 0.0)), (lambda prefix: [r for r in table
                                                                                       if r.startswith(prefix)])
@@ -327,8 +338,12 @@ def test_the_gpu_report_splits_the_device_time_by_what_ran():
                                "batch uploads 5%, action copies 2%)")
     assert lines[1] == "  GPU copies: upload 10.00 ms a batch, actions back 0.500 ms a forward"
     # Overlapping spans of several processes can add up past the wall time.
+    assert len(lines) == 2  # spans within the window need no word on overlap
     delta, rows = _deltas({"learner": {"gpu_s": 30.0, "learner_steps": 1}, "policy_0": {"gpu_s": 5.0}})
-    assert bench._gpu_report(delta, rows, dt=20.0, steps=10)["busy"] == 1.0
+    gpu = bench._gpu_report(delta, rows, dt=20.0, steps=10)
+    assert gpu["busy"] == 1.0 and gpu["spanned"] == pytest.approx(1.75)
+    assert bench._gpu_lines(gpu)[1].startswith("  GPU: the spans add to 175% of the window: those of different "
+                                               "processes overlap")
 
 
 def test_a_run_without_gpu_time_has_no_gpu_report():

@@ -16,9 +16,15 @@ trajectories). Two special cases:
 - latency-bound: no component is active even half of its time, so the time is
   lost in the round trips between them.
 On a GPU run the learner and the policy workers count as busy while they wait for
-their kernels, so the GPU's own share (its device time per wall second) decides
-between them and it: at GPU_BOUND or more the GPU is the bottleneck; below it, a
-busy learner or policy worker is held by its host work, and the sentence says so.
+their kernels, so when one of them is the bottleneck the GPU's own share (its
+device time per wall second) decides between it and the GPU: at GPU_BOUND or more
+the GPU is the bottleneck; below it, the learner or policy worker is held by its
+host work, and the sentence says so. When the rollout workers (or the sink) hold
+the run up, a full GPU does not: the H200 runs of the twenty-third session had the
+GPU's spans adding past 100% while 8 rollout workers were busy 98% and the policy
+worker and learner waited a quarter of their time. The spans overstate the GPU's
+own work anyway: each counts its kernels, the gaps between their launches and the
+time they queued behind another process's kernels.
 
 A pure function of numbers, so it is tested on hand-made fractions and reused on
 anything that fills the same dict (bench windows, the planner's predictions).
@@ -84,7 +90,7 @@ def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optio
     ranked = sorted(fractions, key=lambda c: active[c] - get(c, "wait"), reverse=True)
     top = ranked[0]
     role = _ROLES[top]
-    if gpu_busy is not None and gpu_busy >= GPU_BOUND:
+    if gpu_busy is not None and gpu_busy >= GPU_BOUND and top in ("learner", "policy"):
         waiters = " and ".join(_ROLES[c].noun for c in ("learner", "policy") if c in fractions)
         sentence = f"gpu-bound: the GPU is busy {_pct(gpu_busy)} of the time, and {waiters} wait for its kernels"
     elif active[top] < SATURATED:
