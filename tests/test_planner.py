@@ -111,6 +111,17 @@ def test_explicit_options_are_kept():
     assert (plan.num_workers, plan.inference) == (3, "policy_worker")
 
 
+@pytest.mark.parametrize("asked", [{"num_policy_workers": 1}, {"inference_batch_wait_ms": 2.0}])
+def test_setting_the_policy_workers_asks_for_them(asked):
+    # Where local inference predicts faster (the env-bound costs' cheap model), setting
+    # the policy workers' count or their wait still gets policy workers.
+    assert choose(env_bound(32), cfg(), explicit=set()).inference == "local"
+    plan = choose(env_bound(32), cfg(**asked), explicit=set(asked))
+    assert plan.inference == "policy_worker"
+    if "num_policy_workers" in asked:
+        assert plan.num_policy_workers == 1
+
+
 def test_lag_bound_limits_the_layout():
     loose = choose(env_bound(32), cfg(max_policy_lag=1000), explicit=set())
     tight = choose(env_bound(32), cfg(max_policy_lag=3), explicit=set())

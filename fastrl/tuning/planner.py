@@ -211,9 +211,14 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
         return [getattr(cfg, name)] if name in explicit else values
 
     policies, agents = cfg.num_policies, cfg.agents_per_game
+    # A user who sets the policy workers' count or batching asks for policy workers:
+    # the GPU runs of the twenty-third session were given local inference for
+    # --num_policy_workers 1, and measured something nobody asked for.
+    inference_options = (["policy_worker"] if explicit & {"num_policy_workers", "inference_batch_wait_ms"}
+                         else ["local", "policy_worker"])
     candidates = []
     max_workers = max(1, 2 * costs.cores)
-    for inference in allowed("inference", ["local", "policy_worker"]):
+    for inference in allowed("inference", inference_options):
         for workers in allowed("num_workers", list(range(1, max_workers + 1))):
             for envs in allowed("num_envs_per_worker", list(ENVS_PER_WORKER)):
                 splits = splits_per_worker(inference, policies, agents)
