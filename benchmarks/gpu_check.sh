@@ -7,7 +7,9 @@
 #
 #   OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh [STEP...]
 #
-# Steps, in this order, all by default: tests precision bench battle planned dtc.
+# Steps, in this order, all by default: tests precision bench battle planned dtc;
+# `layouts` (the policy workers' count and batching, on the bench) and `compile` (the
+# learner's step compiled) only when named.
 # SECONDS_PER_RUN (60), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT (fixed) set
 # the comparisons.
 #
@@ -85,6 +87,32 @@ wants precision && step precision 120 bash -c "for p in fp32 bf16; do $PY -m fas
 wants bench && step bench 150 "$PY" -m fastrl.bench --env doom_battle --mode train --device cuda \
     --seconds 20 --warmup 30 --with_wandb false
 
+# How the number of GPU policy workers (each its own CUDA context, time-sharing the
+# GPU with the learner's) and their batching change the run, the rest of the layout
+# left to the planner: the plan's own choice, then 1 and 2 policy workers, and 1 that
+# waits 2 ms to gather a bigger batch, or those of LAYOUT_VARIANTS; on doom_battle and
+# doom_defend_the_center (there the plan's and 1 policy worker only).
+if wants layouts; then
+    for env in doom_battle doom_defend_the_center; do
+        for variant in plan pw1 pw2 pw1wait; do
+            case $variant in
+                plan) extra=() ;; pw1) extra=(--num_policy_workers 1) ;; pw2) extra=(--num_policy_workers 2) ;;
+                pw1wait) extra=(--num_policy_workers 1 --inference_batch_wait_ms 2) ;;
+            esac
+            [[ " ${LAYOUT_VARIANTS:-plan pw1 pw2 pw1wait} " == *" $variant "* ]] || continue
+            [ "$env" = doom_defend_the_center ] && [ "$variant" = pw2 -o "$variant" = pw1wait ] && continue
+            step "layout_${env#doom_}_$variant" 90 "$PY" -m fastrl.bench --env $env --mode train --device cuda \
+                --seconds 15 --warmup 20 --with_wandb false "${extra[@]}"
+        done
+    done
+fi
+
+# The learner's step compiled on the GPU (--compile_learner on) at the planned layout:
+# the bench times the compiled step against eager's in the same run. On the GPU the
+# eager step spans ~40 ms a batch while its host launches kernels one by one.
+wants compile && step compile 180 "$PY" -m fastrl.bench --env doom_battle --mode train --device cuda \
+    --seconds 20 --warmup 20 --with_wandb false --compile_learner on
+
 # fastrl against Sample Factory on doom_battle, both on the GPU, one rollout worker
 # per core and one GPU inference process on each side.
 if wants battle; then
@@ -109,6 +137,8 @@ echo "=== summary"
 cd "$OUT"
 [ -f gpu_tests.log ] && tail -n 30 gpu_tests.log
 [ -f precision.log ] && grep -E "precision|forward|learner|step" precision.log | head -20
+for f in layout_*.log; do [ -f $f ] && { echo "--- $f"; grep -E "^layout|^train |^  (rollout|policy|learner) |GPU|bottleneck|core time|lag" $f; }; done
 for f in vs_sf_battle.log vs_sf_dtc.log; do [ -f $f ] && grep -E "^env only|^round|median ratio|warning|TRACEBACK|Error" $f; done
+[ -f compile.log ] && grep -E "^train |learner:|bottleneck" compile.log
 [ -f planned.log ] && grep -E "plan|inference|\] frames|Traceback|Error" planned.log | head -20
 exit 0
