@@ -99,6 +99,34 @@ def test_losing_a_life_terminates_the_episode_but_not_the_game():
         env.close()
 
 
+def test_seeded_resets_continue_the_game_and_load_the_rom_once():
+    # The trainer seeds every episode's reset (fastrl/sampling/env_split.py). A seed
+    # after a life lost must not start a new game: every episode would be a first
+    # life, no game would end (no true objective), and ALE reloads its ROM to take a
+    # seed, which cost 76% of a rollout worker's time on Breakout.
+    env = get_spec("atari_breakout").make(seed=3)
+    loads = []
+    load_game = env._game.load_game
+    env._game.load_game = lambda: (loads.append(1), load_game())
+    try:
+        _, info = env.reset(seed=100)
+        lives, games, seed = [info["lives"]], 0, 101
+        for _ in range(3000):
+            _, _, terminated, truncated, info = env.step(NOOP)
+            if terminated or truncated:
+                games += "true_objective" in info
+                if games == 2:
+                    break
+                _, info = env.reset(seed=seed)
+                seed += 1
+                lives.append(info["lives"])
+        assert games == 2
+        assert lives == [5, 4, 3, 2, 1, 5, 4, 3, 2, 1], "each seeded reset after a life lost continued the game"
+        assert len(loads) == 1, "ALE took its seed once, at the first game"
+    finally:
+        env.close()
+
+
 def test_full_game_episodes_without_episodic_life():
     env = get_spec("atari_breakout").make(seed=3, atari_episodic_life=False)
     try:
