@@ -55,6 +55,20 @@ ZOO_PPO = {
                         ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4),
 }
 
+# rl-zoo3's `atari` entry, which it uses for every Atari game, with the game's
+# NoFrameskip-v4 id: ALE's own frameskip off and no sticky actions, SB3's AtariWrapper
+# doing the DQN-era preprocessing (30 no-ops at most, 4-frame skip with a max over the
+# last two, a life lost ends the episode, FIRE at reset, 84x84 gray, rewards clipped)
+# and 4 frames stacked: what fastrl's atari_<game> plays by default. SB3's Monitor
+# sits inside those wrappers, so its episode is a whole game at the game's own score,
+# as fastrl's objective(100) is.
+ZOO_ATARI = dict(n_envs=8, n_timesteps=10_000_000, n_steps=128, n_epochs=4, batch_size=256,
+                 learning_rate=linear(2.5e-4), clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01)
+ATARI_IDS = {"atari_breakout": "BreakoutNoFrameskip-v4", "atari_pong": "PongNoFrameskip-v4"}
+ATARI_FRAME_STACK = 4
+ATARI_FRAMESKIP = 4  # AtariWrapper's: SB3 counts agent steps, the suite counts frames
+ZOO_PPO.update({name: ZOO_ATARI for name in ATARI_IDS})
+
 SB3_INSTALL = "pip install stable-baselines3"
 
 
@@ -65,9 +79,11 @@ def status_line(elapsed: float, frames: int, fps: float, mean_return: float, epi
             f" | return(100) {mean_return:.2f} | episodes {episodes:,}")
 
 
-def make_reporter(base_callback, launched: float, seconds: float, report_seconds: float, tb_dir: str):
+def make_reporter(base_callback, launched: float, seconds: float, report_seconds: float, tb_dir: str,
+                  frameskip: int = 1):
     """A BaseCallback subclass instance (SB3's class, passed in so that this module
-    imports without SB3) that reports, logs and stops on time."""
+    imports without SB3) that reports, logs and stops on time. `frameskip`: env
+    frames per agent step, for the frame counts."""
     from torch.utils.tensorboard import SummaryWriter
 
     class Reporter(base_callback):
@@ -83,7 +99,7 @@ def make_reporter(base_callback, launched: float, seconds: float, report_seconds
             return sum(self.returns) / len(self.returns) if self.returns else math.nan
 
         def report(self) -> None:
-            elapsed, frames = time.time() - launched, self.num_timesteps
+            elapsed, frames = time.time() - launched, self.num_timesteps * frameskip
             fps = (frames - self.last_report[1]) / max(elapsed - self.last_report[0], 1e-9)
             mean = self.mean_return()
             print(status_line(elapsed, frames, fps, mean, self.episodes), flush=True)
@@ -125,8 +141,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, required=True, help="wall-time budget from this process's launch")
     parser.add_argument("--exp_dir", required=True, help="experiment folder; TensorBoard events go to <exp_dir>/tb")
     parser.add_argument("--report_seconds", type=float, default=5.0, help="seconds between status lines")
-    parser.add_argument("--torch_threads", type=int, default=1,
-                        help="torch intra-op threads (default 1; rl-zoo3's --num-threads sets the same)")
+    parser.add_argument("--torch_threads", type=int, default=0,
+                        help="torch intra-op threads (default 0: 1 for an MLP policy, torch's own default, one per "
+                             "core, for Atari's CNN; rl-zoo3's --num-threads sets the same)")
     args = parser.parse_args(argv)
     launched = launched_at()  # fastrl's own reading, so both count from the same kind of clock
 
@@ -138,25 +155,41 @@ def main(argv=None) -> int:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
-    # One thread, not torch's default of one per core: these policies are 64x64 MLPs on
-    # batches of 64-256, too small to split, and on this 2-core machine two OpenMP
-    # threads sharing the cores with any other busy process made every CartPole
-    # update take seconds (45 env frames/s against 5,800 with one thread, measured).
-    torch.set_num_threads(args.torch_threads)
+    # An MLP policy gets one thread, not torch's default of one per core: these are
+    # 64x64 MLPs on batches of 64-256, too small to split, and on this 2-core machine
+    # two OpenMP threads sharing the cores with any other busy process made every
+    # CartPole update take seconds (45 env frames/s against 5,800 with one thread,
+    # measured). Atari's CNN is the other way: 1,059 env frames/s on Breakout with
+    # torch's 2 threads against 649 with one (AMD EPYC, 2 cores, 50 s each).
+    threads = args.torch_threads or (torch.get_num_threads() if args.env in ATARI_IDS else 1)
+    torch.set_num_threads(threads)
     zoo = dict(ZOO_PPO[args.env])
     n_envs, n_timesteps = zoo.pop("n_envs"), zoo.pop("n_timesteps")
-    # DummyVecEnv (the zoo's default too): the envs step in this process, one after
-    # another. These envs step in microseconds; SubprocVecEnv's pipes would cost more.
-    env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
+    # DummyVecEnv (the zoo's default too, Atari included): the envs step in this
+    # process, one after another. These envs step in microseconds; SubprocVecEnv's
+    # pipes would cost more.
+    if args.env in ATARI_IDS:
+        import ale_py
+        import gymnasium
+        from stable_baselines3.common.env_util import make_atari_env
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        gymnasium.register_envs(ale_py)  # gymnasium 1.x finds ALE's ids only once registered
+        env = VecFrameStack(make_atari_env(ATARI_IDS[args.env], n_envs=n_envs, seed=args.seed),
+                            n_stack=ATARI_FRAME_STACK)
+        policy, frameskip = "CnnPolicy", ATARI_FRAMESKIP
+    else:
+        env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
+        policy, frameskip = "MlpPolicy", 1
     # device="cpu": SB3 itself advises against a GPU for PPO with an MLP policy.
-    model = PPO("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **zoo)
+    model = PPO(policy, env, seed=args.seed, device="cpu", verbose=0, **zoo)
     reporter = make_reporter(BaseCallback, launched, args.seconds, args.report_seconds,
-                             os.path.join(args.exp_dir, "tb"))
+                             os.path.join(args.exp_dir, "tb"), frameskip)
     print(f"sb3: PPO on {args.env}, {n_envs} envs, rl-zoo3 hyperparameters; experiment in {args.exp_dir}", flush=True)
     model.learn(total_timesteps=n_timesteps, callback=reporter)
     env.close()
     wall = time.time() - launched
-    print(f"sb3: {reporter.stop_reason}; {model.num_timesteps:,} env frames in {wall:.1f} s, "
+    print(f"sb3: {reporter.stop_reason}; {model.num_timesteps * frameskip:,} env frames in {wall:.1f} s, "
           f"mean return(100) {reporter.mean_return():.2f}", flush=True)
     return 0
 
