@@ -191,9 +191,10 @@ def test_the_device_copy_of_the_weights_stays_out_of_the_pickled_context():
     params.on_device = torch.ones(3)
     copy = pickle.loads(pickle.dumps(params))
     assert copy.on_device is None and params.on_device is not None
-    with device_copies([copy], [params.on_device]):
+    copies = [params.on_device]  # a child's Process argument
+    with device_copies([copy], copies):
         assert copy.on_device is params.on_device
-    assert copy.on_device is None  # let go on leaving
+    assert copy.on_device is None and copies == []  # let go on leaving, the argument's reference too
 
 
 class _Row:

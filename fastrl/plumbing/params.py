@@ -77,7 +77,13 @@ def device_copies(params: list, copies: list | None):
     """Within it, `params` (a child's, unpickled without their device copies) read
     and publish through `copies`, the runner's device tensors, given to the child
     apart; on leaving, the child lets go of them, so that the runner, which made
-    them, sees every mapping of its memory released. None: a CPU run, nothing to do."""
+    them, sees every mapping of its memory released. None: a CPU run, nothing to do.
+
+    Letting go includes emptying `copies`: it is the child's Process argument, which
+    would otherwise hold the tensors until the interpreter's teardown, where they
+    may never be freed, and the runner then warns at its exit ("Producer process has
+    been terminated before all shared CUDA tensors released", printed by every GPU
+    run of the twenty-third session)."""
     if copies is None:
         yield
         return
@@ -88,6 +94,7 @@ def device_copies(params: list, copies: list | None):
     finally:
         for p in params:
             p.on_device = None
+        copies.clear()
 
 
 class StopFlag:

@@ -597,6 +597,7 @@ class Runner:
                 p.join(3.0)
                 killed.append(p.name)
         if torch.device(self.device).type == "cuda":
+            torch.cuda.ipc_collect()  # the device memory the children have let go of
             remove_driver_files(self.child_pids)  # their CUDA IPC files (fastrl.cuda.ipc); they are gone
         return killed
 
