@@ -152,6 +152,9 @@ class Config:
                                    "(Sample Factory uses 1; on doom_defend_the_center, 1 for both gains with Sample "
                                    "Factory's loss settings got past the turn-and-fire plateau: benchmarks/README.md).")
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
+    conv_stack: str = _opt("fastrl", "Image encoders' conv layers: fastrl (32k8s4, 64k4s2, 128k3s2: coarse and cheap) "
+                           "or nature (the DQN paper's 32k8s4, 64k4s2, 64k3s1: finer cells).",
+                           choices=("fastrl", "nature"))
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation inside the model of vector observations and of each "
                                 "image pixel (on by default on Doom: fastrl/presets.py).")

@@ -439,3 +439,18 @@ def test_a_training_bf16_model_sees_its_optimizer_steps_without_gradients():
     with_grad = encoder(image).detach()
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after, with_grad)
+
+
+@pytest.mark.parametrize("stack, cells", [("fastrl", 128 * 4 * 4), ("nature", 64 * 7 * 7)])
+def test_the_conv_stacks_on_an_atari_frame(stack, cells):
+    # An 84x84 frame: fastrl's stack ends at 4x4 cells of 128 channels, the Nature
+    # DQN's at 7x7 of 64 (its 3x3 stride-1 last layer).
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    model = ActorCritic(frames, gym.spaces.Discrete(4), conv_stack=stack)
+    encoder = model.encoders[0]
+    assert encoder.fc[0].in_features == cells
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        assert encoder(obs).shape == (5, 512)
+    with pytest.raises(ValueError, match="unknown; use one of"):
+        ActorCritic(frames, gym.spaces.Discrete(4), conv_stack="resnet")

@@ -221,9 +221,20 @@ class DiscreteEncoder(nn.Module):
         return self.net(F.one_hot(x.long() - self.start, self.n).float())
 
 
+# The conv stacks an image encoder can have, (channels, kernel, stride) per layer.
+# fastrl's own ends wide and coarse (128 channels, stride 2: 4x4 cells on an 84x84
+# frame, 6x9 on Doom's 72x128), which Doom learns well with at less compute; the
+# Nature DQN stack ends narrower and finer (64 channels, stride 1: 7x7 cells), the
+# one Atari agents are usually given, Sample Factory's included.
+CONV_STACKS = {
+    "fastrl": ((32, 8, 4), (64, 4, 2), (128, 3, 2)),
+    "nature": ((32, 8, 4), (64, 4, 2), (64, 3, 1)),
+}
+
+
 class ConvEncoder(nn.Module):
     """uint8 image [C, H, W] -> /255 (or, with normalize, each pixel's running z-score)
-    -> conv 32k8s4, 64k4s2, 128k3s2 -> FC 512 (ELU).
+    -> a conv stack of CONV_STACKS (fastrl's: 32k8s4, 64k4s2, 128k3s2) -> FC 512 (ELU).
 
     With bf16=True the convolutions and the FC run under bfloat16 autocast on a
     channels-last input (oneDNN's fast path for bf16 convolutions) and the features
@@ -231,8 +242,11 @@ class ConvEncoder(nn.Module):
     weights themselves stay float32: this only changes the arithmetic.
     """
 
-    def __init__(self, key: str, shape: Tuple[int, int, int], bf16: bool = False, normalize: bool = False):
+    def __init__(self, key: str, shape: Tuple[int, int, int], bf16: bool = False, normalize: bool = False,
+                 stack: str = "fastrl"):
         super().__init__()
+        if stack not in CONV_STACKS:
+            raise ValueError(f"conv stack {stack!r} is unknown; use one of {sorted(CONV_STACKS)}.")
         self.bf16 = bf16
         # Per-pixel running statistics (as Sample Factory's input normalisation does):
         # the z-score of each pixel against its own history, so the static parts of
@@ -248,15 +262,13 @@ class ConvEncoder(nn.Module):
         # In-place ELUs: their backward then works from the output (grad * (out + 1)
         # where negative) instead of recomputing exp of the input, and no second
         # activation-sized tensor is allocated. The learner's step is ~9% faster.
-        self.conv = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, 4), nn.ELU(inplace=True),
-            nn.Conv2d(32, 64, 4, 2), nn.ELU(inplace=True),
-            nn.Conv2d(64, 128, 3, 2), nn.ELU(inplace=True),
-            nn.Flatten(),
-        )
-        for kernel, stride in ((8, 4), (4, 2), (3, 2)):
+        layers = []
+        for out, kernel, stride in CONV_STACKS[stack]:
+            layers += [nn.Conv2d(channels, out, kernel, stride), nn.ELU(inplace=True)]
+            channels = out
             height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
-        self.fc = nn.Sequential(nn.Linear(128 * height * width, 512), nn.ELU(inplace=True))
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        self.fc = nn.Sequential(nn.Linear(channels * height * width, 512), nn.ELU(inplace=True))
         self.out_dim = 512
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -373,6 +385,7 @@ class ActorCritic(nn.Module):
             vector-observation models learn faster with).
         encoder_init_gain, policy_init_gain: orthogonal-init gains of the encoders'
             conv and linear layers and of the policy head.
+        conv_stack: the image encoders' conv layers, a key of CONV_STACKS.
 
     Attributes used by callers: `layout` (obs_layout of obs_space), `action_spec`,
     `rnn_state_size` (0 without an RNN), `core_size` (width of core_out).
@@ -392,9 +405,11 @@ class ActorCritic(nn.Module):
         normalize_returns: bool = False,
         encoder_init_gain: float = math.sqrt(2.0),
         policy_init_gain: float = 0.01,
+        conv_stack: str = "fastrl",
     ):
         super().__init__()
         self.conv_bf16 = conv_bf16
+        self.conv_stack = conv_stack
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r} is unknown; use one of {sorted(ACTIVATIONS)}.")
         if any(int(h) < 1 for h in hidden_sizes):
@@ -439,7 +454,8 @@ class ActorCritic(nn.Module):
         for key, (shape, dtype) in self.layout.items():
             space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
             if dtype == torch.uint8:
-                encoders.append(ConvEncoder(key, shape, bf16=self.conv_bf16, normalize=normalize_obs))
+                encoders.append(ConvEncoder(key, shape, bf16=self.conv_bf16, normalize=normalize_obs,
+                                            stack=self.conv_stack))
             elif dtype == torch.int64:
                 encoders.append(DiscreteEncoder(space, hidden_sizes, activation))
             else:
@@ -734,4 +750,5 @@ def build_model(cfg, obs_space, action_space, precision: str = "fp32") -> ActorC
         normalize_returns=cfg.normalize_returns,
         encoder_init_gain=cfg.encoder_init_gain,
         policy_init_gain=cfg.policy_init_gain,
+        conv_stack=cfg.conv_stack,
     )
