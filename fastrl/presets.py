@@ -44,6 +44,10 @@ PRESETS = {
     # Doom steps cost ~1 ms each: two workers keep both cores stepping while the
     # learner trains; 8 envs each fill a 1024 batch in four 32-step rollouts.
     "doom_": {**_PIXELS, **_DOOM_LEARNING, "num_workers": 2, "num_envs_per_worker": 8},
+    # Atari: Breakout scores 2.7 after 8 minutes on 2 cores where SB3's rl-zoo3 PPO
+    # scores 4.5-7.0, and behind at equal frames too; neither lr 1e-3, CleanRL's
+    # epochs and minibatches, its clip, lambda and gradient norm, fp32 nor the Nature
+    # conv stack closed it (benchmarks/README.md, twenty-third session). Unsolved.
     "atari_": {**_PIXELS, "num_workers": 2, "num_envs_per_worker": 8, "lr": 2.5e-4, "entropy_coef": 0.01},
 }
 
