@@ -40,7 +40,7 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 NORM_CLIP = 10.0
 NORM_EPS = 1e-8
 IMAGE_NORM_ROWS = 256  # frames per learner step that update per-pixel image statistics
-CONV_MIN_SIZE = 36  # smallest H and W the 8/4, 4/2, 3/2 conv stack accepts
+CONV_MIN_SIZE = 36  # smallest H and W every conv stack (CONV_STACKS) accepts
 
 
 def _is_image(space: gym.Space) -> bool:
@@ -223,7 +223,7 @@ class DiscreteEncoder(nn.Module):
 
 # The conv stacks an image encoder can have, (channels, kernel, stride) per layer.
 # fastrl's own ends wide and coarse (128 channels, stride 2: 4x4 cells on an 84x84
-# frame, 6x9 on Doom's 72x128), which Doom learns well with at less compute; the
+# frame, 3x6 on Doom's 72x128), which Doom learns well with at less compute; the
 # Nature DQN stack ends narrower and finer (64 channels, stride 1: 7x7 cells), the
 # one Atari agents are usually given, Sample Factory's included.
 CONV_STACKS = {
