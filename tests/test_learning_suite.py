@@ -132,6 +132,9 @@ def test_systems_skip_envs_they_cannot_run_and_say_why():
     assert "Doom only" in ls.skip_reason("sf", "CartPole-v1")
     assert "rl-zoo3" in ls.skip_reason("sb3", "Acrobot-v1")
     assert ls.skip_reason("sb3", "LunarLander-v3") is None
+    assert ls.skip_reason("sb3", "atari_breakout") is None  # rl-zoo3's atari entry
+    assert sb3_runner.ATARI_IDS["atari_breakout"] == "BreakoutNoFrameskip-v4"
+    assert "Doom only" in ls.skip_reason("sf", "atari_breakout")
     assert ls.skip_reason("sf", "doom_basic") is None
     assert ls.skip_reason("fastrl", "doom_battle") is None
 
