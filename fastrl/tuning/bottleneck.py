@@ -40,6 +40,7 @@ COMM_WORTH_NAMING = 0.2  # communication share large enough to mention next to b
 OVERSUBSCRIBED = 1.05  # active core-equivalents over the cores (slack for timer noise)
 OTHERS_WORTH_NAMING = 0.25  # cores used by other programs worth a warning
 GPU_BOUND = 0.9  # the GPU's device time per wall second past which it limits the run
+GPU_USERS = ("learner", "policy")  # the components that compute on the GPU on a GPU run
 
 
 class _Role(NamedTuple):
@@ -90,8 +91,8 @@ def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optio
     ranked = sorted(fractions, key=lambda c: active[c] - get(c, "wait"), reverse=True)
     top = ranked[0]
     role = _ROLES[top]
-    if gpu_busy is not None and gpu_busy >= GPU_BOUND and top in ("learner", "policy"):
-        waiters = " and ".join(_ROLES[c].noun for c in ("learner", "policy") if c in fractions)
+    if gpu_busy is not None and gpu_busy >= GPU_BOUND and top in GPU_USERS:
+        waiters = " and ".join(_ROLES[c].noun for c in GPU_USERS if c in fractions)
         sentence = f"gpu-bound: the GPU is busy {_pct(gpu_busy)} of the time, and {waiters} wait for its kernels"
     elif active[top] < SATURATED:
         sentence = (f"latency-bound: no component is active half of its time (the busiest: {role.noun} {role.be} "
@@ -112,7 +113,7 @@ def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optio
         waiter = next((c for c in _EVIDENCE[top] if c in fractions), None)
         if waiter:
             sentence += f", {_ROLES[waiter].noun} {_ROLES[waiter].wait} {_pct(get(waiter, 'wait'))}"
-        if gpu_busy is not None and top in ("learner", "policy"):
+        if gpu_busy is not None and top in GPU_USERS:
             owner = role.noun + ("'" if role.noun.endswith("s") else "'s")
             sentence += f"; the GPU is busy only {_pct(gpu_busy)}, so it is {owner} host work that limits"
     if cores:
