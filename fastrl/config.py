@@ -67,7 +67,16 @@ class Config:
     num_policy_workers: int = _opt(1, "Policy-worker processes (only with --inference policy_worker).")
     torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal time from other processes.")
     learner_threads: int = _opt(0, "Torch threads for the learner (0 = --torch_threads); worth more than one when the learner is the bottleneck and a core would otherwise idle.")
-    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus one learner batch per policy and one more). Fewer buffers throttle sampling and lower the policy lag.")
+    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus one learner batch per policy and one more; "
+                            "with --max_batches_ahead, what that bound needs). Fewer buffers throttle sampling and lower the policy lag.")
+    max_batches_ahead: int = _opt(-1, "How many batches sampling may run ahead of training: a trajectory's buffer stays taken "
+                                  "until its batch is trained, and the pool holds (this + 1) batches per policy. -1 = no bound "
+                                  "(the learner frees a batch's buffers as soon as it has copied them; asynchronous APPO, the "
+                                  "policy lag 1-2 batches when the learner is the slower side); 0 = sample a batch, train on it, "
+                                  "then sample the next with the new weights (on-policy, as PPO in SB3 or CleanRL: lag 0, "
+                                  "sampling and learning take turns); 1 = sample the next batch while this one trains (lag at most 1). "
+                                  "Exact with --inference local and one policy; with policy workers each worker's second env half "
+                                  "keeps a buffer of its own, which may add workers / (buffers per batch) batches of lag.")
     plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two (a few at most on a busy machine, "
                      "whose profile is not cached) and picks workers, envs, "
                      "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
@@ -276,7 +285,16 @@ class Config:
     def total_buffers(self) -> int:
         if self.num_buffers:
             return self.num_buffers
+        if self.max_batches_ahead >= 0:
+            # A worker blocked for a buffer holds its other splits' ones (see validate).
+            return self.num_workers * (self.num_splits - 1) + (self.max_batches_ahead + 1) * self.num_policies * self.buffers_per_batch
         return self.num_workers * self.num_splits + (self.num_policies + 1) * self.buffers_per_batch
+
+    @property
+    def frees_after_training(self) -> bool:
+        """Whether the learner keeps a batch's buffers until it has trained on it
+        (--max_batches_ahead), rather than freeing them once copied."""
+        return self.max_batches_ahead >= 0
 
     @property
     def hidden_size_tuple(self) -> tuple:
@@ -365,14 +383,21 @@ def validate(cfg: Config, writes: bool = True) -> None:
             f"--num_minibatches {cfg.num_minibatches} must divide the {columns} trajectories of a batch "
             f"(batch_size / rollout); pick a divisor of {columns}."
         )
+    if cfg.max_batches_ahead < -1:
+        raise ConfigError(f"--max_batches_ahead is {cfg.max_batches_ahead} but must be -1 (no bound), 0 (on-policy) or more.")
     # Each learner may hold all but one buffer of its next batch while it waits for
     # its own policy's last one, so the pool needs a batch per policy beyond the
     # buffers the splits hold, or every learner could wait on a buffer none is free for.
-    need = cfg.num_workers * cfg.num_splits + cfg.num_policies * cfg.buffers_per_batch
+    # When the learner frees buffers only after training, it holds none while it
+    # waits, and a worker waiting for a free buffer has handed its finished one
+    # over: one split per worker fewer is enough (what the on-policy bound needs).
+    splits_holding = cfg.num_splits - 1 if cfg.frees_after_training else cfg.num_splits
+    need = cfg.num_workers * splits_holding + cfg.num_policies * cfg.buffers_per_batch
     if cfg.num_buffers and cfg.num_buffers < need:
         learners = "a batch" if cfg.num_policies == 1 else f"each of the {cfg.num_policies} policies' batches"
+        holding = "every worker split holds" if splits_holding == cfg.num_splits else "every worker's other splits hold"
         raise ConfigError(
-            f"--num_buffers {cfg.num_buffers} can never fill a batch: every worker split holds one buffer while it samples "
+            f"--num_buffers {cfg.num_buffers} can never fill a batch: {holding} one buffer while it samples "
             f"and {learners} needs {cfg.buffers_per_batch} more; use at least {need}."
         )
     if cfg.device == "cuda" or cfg.dist_backend == "nccl":

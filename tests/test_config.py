@@ -53,6 +53,7 @@ def test_unknown_option_suggests_the_closest(capsys):
     ({"rollout": 32, "num_envs_per_worker": 16, "batch_size": 1000}, "use 512 or 1024"),
     ({"inference": "policy_worker", "num_envs_per_worker": 7}, "must be even"),
     ({"num_buffers": 1}, "can never fill a batch"),
+    ({"max_batches_ahead": -2}, "--max_batches_ahead is -2"),
     ({"hidden_sizes": "64,x"}, "--hidden_sizes"),
     ({"gamma": 1.5}, "--gamma"),
     ({"worker_nice": 20}, "--worker_nice is 20"),
@@ -148,3 +149,22 @@ def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_
     # CartPole's observation is a vector, as the env made it: the spaces' preset reaches it.
     assert prepare_experiment(discrete, set())[0].vtrace_lambda == 0.95
     assert prepare_experiment(discrete, {"vtrace_lambda"})[0].vtrace_lambda == 1.0  # given: kept
+
+
+@pytest.mark.parametrize("inference", ["local", "policy_worker"])
+def test_max_batches_ahead_sizes_the_pool_for_its_bound(tmp_path, inference):
+    base = Config(env="CartPole-v1", train_dir=str(tmp_path), num_workers=3, num_envs_per_worker=8, rollout=16,
+                  batch_size=512, inference=inference)
+    held_by_other_splits = 3 * (base.num_splits - 1)  # a worker waiting for a buffer holds its other splits' ones
+    assert not base.frees_after_training
+    for ahead in (0, 1, 2):
+        cfg = dataclasses.replace(base, max_batches_ahead=ahead)
+        assert cfg.frees_after_training
+        assert cfg.total_buffers == held_by_other_splits + (ahead + 1) * cfg.buffers_per_batch
+        validate(cfg)
+    # The least pool that cannot wedge: enough when the learner frees after training,
+    # one buffer per worker short when it frees at once (it may hold a batch's worth).
+    least = dataclasses.replace(base, max_batches_ahead=0, num_buffers=held_by_other_splits + base.buffers_per_batch)
+    validate(least)
+    with pytest.raises(ConfigError, match="can never fill a batch"):
+        validate(dataclasses.replace(least, max_batches_ahead=-1))

@@ -1,6 +1,7 @@
 """The trainer as a user runs it: `python -m fastrl.train`, real envs, real processes."""
 import json
 import os
+import re
 import shutil
 import signal
 
@@ -48,6 +49,27 @@ def test_cartpole_reaches_195_and_leaves_nothing_behind(tmp_path, placement):
     assert run.leftover_processes() == []
     assert run.new_shm_entries() == set()
     assert os.path.isfile(tmp_path / "CartPole-v1" / "config.json")
+
+
+@pytest.mark.parametrize("placement", [["--inference", "local"], ["--inference", "policy_worker"]],
+                         ids=["local", "policy_worker"])
+def test_max_batches_ahead_0_trains_every_sample_with_the_weights_that_chose_it(tmp_path, placement):
+    # On-policy: sampling waits for each batch to be trained. With policy workers each
+    # worker's second env half keeps a buffer while the learner trains, and the
+    # batches after take those: --max_batches_ahead's help gives the bound.
+    run = TrainRun([*FAST, "--train_dir", str(tmp_path), "--max_batches_ahead", "0",
+                    "--train_for_env_frames", "40000", *placement])
+    assert run.wait(timeout=120) == 0, run.output()
+    cfg = json.loads((tmp_path / "CartPole-v1" / "config.json").read_text())
+    if cfg["inference"] == "local":
+        most_lag = 0
+    else:
+        buffers_per_batch = cfg["batch_size"] // (cfg["rollout"] * cfg["num_envs_per_worker"] // 2)
+        most_lag = -(-cfg["num_workers"] // buffers_per_batch)
+    lags = [int(m.group(1)) for m in map(re.compile(r"lag min/mean/max \d+/[\d.]+/(\d+)").search, run.lines) if m]
+    assert len(lags) >= 2 and max(lags) <= most_lag, run.output()
+    assert read_summary(tmp_path, "CartPole-v1")["env_frames"] >= 40000
+    assert run.leftover_processes() == [] and run.new_shm_entries() == set()
 
 
 def test_ctrl_c_stops_quickly_with_a_loadable_checkpoint(tmp_path):

@@ -140,8 +140,9 @@ class Learner:
                     # On a GPU the upload runs on a side stream from here on, while the
                     # buffers go back and the hyperparameters are read.
                     upload = self.stager.start(ctx.buffers.gather(pending))
-                    put_many_polling(ctx.free_queue, pending, 10.0)
-                    pending = []
+                    if not cfg.frees_after_training:
+                        put_many_polling(ctx.free_queue, pending, 10.0)
+                        pending = []
                 self.row.add("samples_received", cfg.batch_size)
                 if first:
                     mark("learner: first batch gathered")
@@ -151,6 +152,9 @@ class Learner:
                 with self.timer("busy_s"), self.clock.span("gpu_s"):
                     self.train_on(batch)
                 self.clock.collect()
+                if pending:  # --max_batches_ahead: sampling resumes with the weights just published
+                    put_many_polling(ctx.free_queue, pending, 10.0)
+                    pending = []
                 if first:
                     mark("learner: first batch trained")
                     first = False
