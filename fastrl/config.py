@@ -76,7 +76,8 @@ class Config:
                                   "then sample the next with the new weights (on-policy, as PPO in SB3 or CleanRL: lag 0, "
                                   "sampling and learning take turns); 1 = sample the next batch while this one trains (lag at most 1). "
                                   "Exact with --inference local and one policy; with policy workers each worker's second env half "
-                                  "keeps a buffer of its own, which may add workers / (buffers per batch) batches of lag.")
+                                  "keeps a buffer of its own, which may add up to 1 + workers / (buffers per batch) "
+                                  "batches of lag.")
     plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two (a few at most on a busy machine, "
                      "whose profile is not cached) and picks workers, envs, "
                      "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
@@ -114,7 +115,16 @@ class Config:
     batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split. Per rank under "
                            "torchrun: each gradient step then averages over ranks x this many samples.")
     ppo_epochs: int = _opt(2, "Passes over each batch.")
-    num_minibatches: int = _opt(4, "Gradient steps per pass; the batch's env trajectories are split evenly among them.")
+    num_minibatches: int = _opt(4, "Gradient steps per pass; the batch is split evenly among them (see --minibatch_split).")
+    minibatch_split: str = _opt(
+        "trajectories",
+        "How a pass splits the batch into --num_minibatches, for a model without a GRU: 'samples' deals out single "
+        "steps of every trajectory at random (as SB3 and CleanRL do: each minibatch sees many envs and moments), with "
+        "V-trace's targets computed over whole trajectories once per batch, before its first step; 'trajectories' deals out whole trajectories "
+        "(consecutive steps of a few envs), the targets recomputed by each minibatch's step. A GRU model always takes "
+        "trajectories: its state needs the steps before.",
+        choices=("samples", "trajectories"),
+    )
     lr: float = _opt(2e-3, "Adam learning rate; 3e-4 when the env's actions are continuous (a Box), unless its "
                           "name's presets set one (fastrl/presets.py). 2e-3, not 1e-3: CartPole-v1 and LunarLander-v3 "
                           "reach their targets sooner (benchmarks/README.md, twentieth session).")
@@ -122,6 +132,9 @@ class Config:
     gamma: float = _opt(0.99, "Discount factor.")
     reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); "
                                "with --normalize_returns false it is what keeps the value targets near 1.")
+    reward_clip: float = _opt(0.0, "Clip each (scaled) reward to [-this, this] before learning (0 = off); 1 turns an "
+                              "Atari game's scores into their signs, as DQN and SB3's Atari wrapper do. Returns are "
+                              "reported unclipped.")
     rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
@@ -164,6 +177,8 @@ class Config:
     conv_stack: str = _opt("fastrl", "Image encoders' conv layers: fastrl (32k8s4, 64k4s2, 128k3s2: coarse and cheap) "
                            "or nature (the DQN paper's 32k8s4, 64k4s2, 64k3s1: finer cells).",
                            choices=("fastrl", "nature"))
+    conv_activation: str = _opt("elu", "Activation after each of the image encoders' layers: elu (Sample Factory's) "
+                                "or relu (the DQN paper's, SB3's and CleanRL's).", choices=("elu", "relu"))
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation inside the model of vector observations and of each "
                                 "image pixel (on by default on Doom: fastrl/presets.py).")
@@ -328,7 +343,7 @@ def validate(cfg: Config, writes: bool = True) -> None:
                  "dist_timeout_seconds"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
-    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "entropy_coef", "learner_threads", "value_clip",
+    for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "reward_clip", "entropy_coef", "learner_threads", "value_clip",
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts",
                  "doom_engine_recycle_episodes", "doom_agents"):
         if getattr(cfg, name) < 0:
@@ -383,6 +398,11 @@ def validate(cfg: Config, writes: bool = True) -> None:
             f"--num_minibatches {cfg.num_minibatches} must divide the {columns} trajectories of a batch "
             f"(batch_size / rollout); pick a divisor of {columns}."
         )
+    if (cfg.compile_learner == "on" and cfg.minibatch_split == "samples" and not cfg.use_rnn
+            and cfg.num_minibatches > 1):
+        raise ConfigError("--compile_learner on compiles the re-run of whole trajectories, which "
+                          "--minibatch_split samples does not use; pass --minibatch_split trajectories or "
+                          "--compile_learner off.")
     if cfg.max_batches_ahead < -1:
         raise ConfigError(f"--max_batches_ahead is {cfg.max_batches_ahead} but must be -1 (no bound), 0 (on-policy) or more.")
     # Each learner may hold all but one buffer of its next batch while it waits for

@@ -54,6 +54,7 @@ def test_unknown_option_suggests_the_closest(capsys):
     ({"inference": "policy_worker", "num_envs_per_worker": 7}, "must be even"),
     ({"num_buffers": 1}, "can never fill a batch"),
     ({"max_batches_ahead": -2}, "--max_batches_ahead is -2"),
+    ({"compile_learner": "on", "minibatch_split": "samples"}, "--minibatch_split samples does not use"),
     ({"hidden_sizes": "64,x"}, "--hidden_sizes"),
     ({"gamma": 1.5}, "--gamma"),
     ({"worker_nice": 20}, "--worker_nice is 20"),

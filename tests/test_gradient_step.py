@@ -1,6 +1,8 @@
 """The learner's gradient step as a whole: which samples it learns from, and that
 rewards, their scale, episode ends and the truncation bootstrap reach the loss as
 an independent float64 computation says they should."""
+import copy
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -8,7 +10,15 @@ import torch
 
 from fastrl.algo.model import ActorCritic
 from fastrl.config import Config
-from fastrl.learning.learner import _columns, gradient_step, lag_mask
+from fastrl.learning.learner import (
+    _columns,
+    _rows,
+    batch_targets,
+    flat_samples,
+    gradient_step,
+    lag_mask,
+    sample_gradient_step,
+)
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 T, B = 5, 6
@@ -84,7 +94,7 @@ def test_samples_past_max_policy_lag_get_no_gradient():
     assert any(g.abs().sum() > 0 for g in masked)
 
 
-def _reference_targets(model, batch, reward_scale, gamma, bootstrap_time_limits=True):
+def _reference_targets(model, batch, reward_scale, gamma, bootstrap_time_limits=True, reward_clip=0.0):
     """On-policy V-trace with rho = c = 1 and lambda = 1 is the discounted return to
     the rollout's end: written here as a plain float64 loop per env, from the
     episode-end rules alone. A termination ends the sum; a truncation ends it with
@@ -94,6 +104,8 @@ def _reference_targets(model, batch, reward_scale, gamma, bootstrap_time_limits=
         v_final = model.values_with_state(batch["final_obs"], torch.zeros(2, 0)).double()
     values = values.double()
     r = batch["rewards"].double().numpy() * reward_scale
+    if reward_clip:
+        r = np.clip(r, -reward_clip, reward_clip)
     targets = np.zeros((T, B))
     for b in range(B):
         for t in range(T):
@@ -115,14 +127,15 @@ def _reference_targets(model, batch, reward_scale, gamma, bootstrap_time_limits=
     return values[:-1].numpy(), targets
 
 
-@pytest.mark.parametrize("reward_scale, bootstrap_time_limits", [(1.0, True), (0.1, True), (1.0, False)])
-def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_scale, bootstrap_time_limits):
+@pytest.mark.parametrize("reward_scale, bootstrap_time_limits, reward_clip",
+                         [(1.0, True, 0.0), (0.1, True, 0.0), (1.0, False, 0.0), (3.0, True, 0.5)])
+def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_scale, bootstrap_time_limits, reward_clip):
     cfg = Config(env="CartPole-v1", reward_scale=reward_scale, gamma=0.9, normalize_advantages=False,
                  vtrace_lambda=1.0,  # the reference is the plain return, lambda 1's target
-                 bootstrap_time_limits=bootstrap_time_limits)
+                 bootstrap_time_limits=bootstrap_time_limits, reward_clip=reward_clip)
     model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
     batch = _on_policy(model, _batch())
-    values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma, bootstrap_time_limits)
+    values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma, bootstrap_time_limits, reward_clip)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     out, _ = gradient_step(cfg, model, optimizer, batch, torch.ones(T, B))
     # The step computes in float32: agreement to float32 rounding.
@@ -163,3 +176,50 @@ def test_return_normalisation_learns_the_targets_statistics():
     torch.testing.assert_close(std, out.vs_tm1.std(unbiased=False), rtol=1e-4, atol=1e-4)
     assert model.return_norm.count.item() == T * B
 
+
+
+@pytest.mark.parametrize("kind", ["plain", "lagged_and_masked", "clipped_value_symmetric_kl"])
+def test_a_pass_of_single_samples_in_any_order_takes_the_whole_batch_step(kind):
+    # With every sample in one minibatch, the shuffled path (targets over whole
+    # trajectories first, then the loss on samples in a random order) must give the
+    # trajectory path's loss terms and gradient: the targets, the masks, the
+    # exploration term and the value clip reach it alike.
+    options = {"plain": {}, "lagged_and_masked": {},
+               "clipped_value_symmetric_kl": {"value_clip": 0.2, "exploration_loss": "symmetric_kl"}}[kind]
+    cfg = Config(env="CartPole-v1", max_grad_norm=0.0, gamma=0.9, vtrace_lambda=0.95, **options)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    batch = _on_policy(model, _batch())
+    valid = torch.ones(T, B)
+    if kind == "lagged_and_masked":  # behaviour policies that differ from the learner's, one column dropped
+        batch["behaviour_logp"] += 0.3 * torch.randn(T, B)
+        valid[:, 4] = 0.0
+    twin = copy.deepcopy(model)  # a step updates the return normaliser: each path gets the same start
+    whole, _ = gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, valid)
+    whole_grads = _grads(model)
+
+    model, optimizer = twin, torch.optim.SGD(twin.parameters(), lr=0.0)
+    samples = flat_samples(batch, valid)
+    targets = batch_targets(cfg, model, batch, valid)
+    samples.update(vs=targets.vs_tm1.flatten(), pg_advantage=targets.pg_advantage_t.flatten())
+    order = torch.randperm(T * B)
+    shuffled, _ = sample_gradient_step(cfg, model, optimizer, {k: _rows(v, order) for k, v in samples.items()})
+    for name in ("total", "policy_loss", "value_loss", "entropy", "exploration", "approx_kl", "explained_variance"):
+        torch.testing.assert_close(getattr(shuffled, name), getattr(whole, name), msg=name)
+    for got, want in zip(_grads(model), whole_grads):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(targets.vs_tm1, whole.vs_tm1)
+
+
+def test_evaluate_samples_is_evaluate_row_by_row_and_refuses_a_gru():
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    batch = _batch()
+    with torch.no_grad():
+        ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"],
+                            uniform_kl=True)
+        logp, entropy, values, kl = model.evaluate_samples(
+            {"obs": batch["obs"]["obs"][:-1].flatten(0, 1)}, batch["actions"].flatten(0, 1), uniform_kl=True)
+    for got, want in ((logp, ev.logp), (entropy, ev.entropy), (values, ev.values[:-1]), (kl, ev.uniform_kl)):
+        torch.testing.assert_close(got, want.flatten())
+    recurrent = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), use_rnn=True, rnn_size=4)
+    with pytest.raises(ValueError, match="without a GRU"):
+        recurrent.evaluate_samples({"obs": torch.zeros(2, 3)}, torch.zeros(2, 1, dtype=torch.long))

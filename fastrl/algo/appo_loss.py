@@ -189,28 +189,51 @@ def appo_loss(
             f"values has shape {tuple(values.shape)} but must be [T+1, B] = ({T + 1}, {B}): "
             "the values of s_0..s_T, the last one bootstrapping the rollout."
         )
-    valid_t = valid_t.to(r_t.dtype)
-    v_tm1 = values[:-1]
     log_ratio_t = logp_t - behaviour_logp_t.detach()
     raw_values = values.detach() * value_std + value_mean
+    returns = vtrace_targets(raw_values, log_ratio_t, r_t, terminated_t, truncated_t, v_final_t, valid_t,
+                             gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
+    return loss_on_targets(
+        log_ratio_t, values[:-1], returns.vs_tm1, returns.pg_advantage_t, entropy_t, valid_t,
+        clip_ratio=clip_ratio, value_coef=value_coef, entropy_coef=entropy_coef, normalize_adv=normalize_adv,
+        exploration_t=exploration_t, value_mean=value_mean, value_std=value_std,
+        behaviour_v_tm1=behaviour_v_tm1, value_clip=value_clip,
+    )
 
-    with torch.no_grad():
-        # A step that both terminated and truncated ended for real: no bootstrap.
-        bootstrapped_t = (truncated_t != 0) & (terminated_t == 0)
-        r_t = bootstrap_truncation(r_t, bootstrapped_t, v_final_t, gamma)
-        discount_t = episode_discounts(terminated_t.to(r_t.dtype), truncated_t, gamma)
-        # A dropped sample cuts the trace (rho = c = 0): its behaviour policy is too
-        # stale (or foreign) for its importance weight to mean anything, so earlier
-        # samples bootstrap from the current V(s_t) instead of through its data.
-        log_rho_t = torch.where(valid_t > 0, log_ratio_t, -torch.inf)
-        returns = vtrace(raw_values[:-1], raw_values[1:], r_t, discount_t, log_rho_t,
-                         rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
-        adv_t = returns.pg_advantage_t
-        if normalize_adv:
-            adv_t = normalize_advantages(adv_t, valid_t)
 
+@torch.no_grad()
+def vtrace_targets(raw_values, log_ratio_t, r_t, terminated_t, truncated_t, v_final_t, valid_t, *,
+                   gamma, rho_bar, c_bar, lambda_=1.0):
+    """V-trace's value targets and policy-gradient advantages (VTraceReturns), in
+    return units, for trajectories [T, B] whose values of s_0..s_T are
+    `raw_values` [T+1, B] (return units) and whose log pi / mu are `log_ratio_t`.
+    See appo_loss for the flags and for what a dropped sample (valid_t = 0) does."""
+    valid_t = valid_t.to(r_t.dtype)
+    # A step that both terminated and truncated ended for real: no bootstrap.
+    bootstrapped_t = (truncated_t != 0) & (terminated_t == 0)
+    r_t = bootstrap_truncation(r_t, bootstrapped_t, v_final_t, gamma)
+    discount_t = episode_discounts(terminated_t.to(r_t.dtype), truncated_t, gamma)
+    # A dropped sample cuts the trace (rho = c = 0): its behaviour policy is too
+    # stale (or foreign) for its importance weight to mean anything, so earlier
+    # samples bootstrap from the current V(s_t) instead of through its data.
+    log_rho_t = torch.where(valid_t > 0, log_ratio_t.detach(), -torch.inf)
+    return vtrace(raw_values[:-1], raw_values[1:], r_t, discount_t, log_rho_t,
+                  rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
+
+
+def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid_t, *, clip_ratio, value_coef,
+                    entropy_coef, normalize_adv, exploration_t=None, value_mean=0.0, value_std=1.0,
+                    behaviour_v_tm1=None, value_clip=None):
+    """appo_loss once its targets are known: PPO-clip on `pg_advantage_t`, the
+    value loss of `v_tm1` (the model's normalised values, with grad) onto `vs_tm1`
+    (return units), and the exploration term. Inputs are [T, B]; a minibatch of
+    single samples is [1, N]."""
+    check_time_major(log_ratio_t=log_ratio_t, v_tm1=v_tm1, vs_tm1=vs_tm1, pg_advantage_t=pg_advantage_t,
+                     entropy_t=entropy_t, valid_t=valid_t)
+    valid_t = valid_t.to(vs_tm1.dtype)
+    adv_t = normalize_advantages(pg_advantage_t, valid_t) if normalize_adv else pg_advantage_t
     policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t)
-    value = value_loss(v_tm1, (returns.vs_tm1 - value_mean) / value_std, valid_t,
+    value = value_loss(v_tm1, (vs_tm1 - value_mean) / value_std, valid_t,
                        old_v_tm1=behaviour_v_tm1, clip_value=value_clip)
     entropy = entropy_loss(entropy_t, valid_t)
     if exploration_t is None:
@@ -221,8 +244,8 @@ def appo_loss(
     total = policy.loss + value_coef * value + entropy_coef * exploration
 
     with torch.no_grad():
-        adv_mean = _masked_mean(returns.pg_advantage_t, valid_t)
-        target_mean = _masked_mean(returns.vs_tm1, valid_t)
+        adv_mean = _masked_mean(pg_advantage_t, valid_t)
+        target_mean = _masked_mean(vs_tm1, valid_t)
         return APPOLoss(
             total=total,
             policy_loss=policy.loss.detach(),
@@ -231,10 +254,10 @@ def appo_loss(
             clip_fraction=policy.clip_fraction,
             approx_kl=_approx_kl(log_ratio_t, valid_t),
             advantage_mean=adv_mean,
-            advantage_std=_masked_mean((returns.pg_advantage_t - adv_mean) ** 2, valid_t).sqrt(),
-            explained_variance=_explained_variance(raw_values[:-1], returns.vs_tm1, valid_t),
+            advantage_std=_masked_mean((pg_advantage_t - adv_mean) ** 2, valid_t).sqrt(),
+            explained_variance=_explained_variance(v_tm1.detach() * value_std + value_mean, vs_tm1, valid_t),
             exploration=exploration.detach(),
             value_target_mean=target_mean,
-            value_target_std=_masked_mean((returns.vs_tm1 - target_mean) ** 2, valid_t).sqrt(),
-            vs_tm1=returns.vs_tm1,
+            value_target_std=_masked_mean((vs_tm1 - target_mean) ** 2, valid_t).sqrt(),
+            vs_tm1=vs_tm1,
         )

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss
+from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss, loss_on_targets, vtrace_targets
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
@@ -215,16 +215,27 @@ class Learner:
             # Every rank's frames, as of the last agreement: the same count on every rank.
             self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
 
-        B = batch["rewards"].shape[1]
-        mb = B // cfg.num_minibatches
+        T, B = batch["rewards"].shape
+        by_samples = cfg.minibatch_split == "samples" and not cfg.use_rnn
+        samples = None
         for _ in range(cfg.ppo_epochs):
             if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
                 self._gradient_step(batch, valid)
-                continue
-            order = torch.randperm(B, device=dev)
-            for start in range(0, B, mb):
-                cols = order[start:start + mb]
-                self._gradient_step(_columns(batch, cols), valid[:, cols])
+            elif by_samples:
+                if samples is None:
+                    # Once per batch, with the weights before this batch's first step: on
+                    # policy (lag 0) pi = mu there, every importance weight is 1 and the
+                    # targets are GAE(lambda)'s, fixed for every pass, as in PPO.
+                    samples = flat_samples(batch, valid)
+                    targets = batch_targets(cfg, self.model, batch, valid)
+                    samples.update(vs=targets.vs_tm1.flatten(), pg_advantage=targets.pg_advantage_t.flatten())
+                order = torch.randperm(T * B, device=dev)
+                for part in order.chunk(cfg.num_minibatches):
+                    self._sample_step({k: _rows(v, part) for k, v in samples.items()})
+            else:
+                order = torch.randperm(B, device=dev)
+                for cols in order.chunk(cfg.num_minibatches):
+                    self._gradient_step(_columns(batch, cols), valid[:, cols])
         self.samples_trained += int(valid.sum().item())
         self.row.add("samples_trained", valid.sum().item())
         self.version += 1
@@ -242,6 +253,14 @@ class Learner:
                 put_many_polling(self.ctx.metrics_queue, [{COMPILE_KEY: report}], 1.0)
             except queue.Full:
                 pass  # a report only
+        if out is None:
+            self._skip_nonfinite()
+            return
+        self._nonfinite_in_a_row = 0
+        self._note_metrics(out, grad_norm)
+
+    def _sample_step(self, samples: dict) -> None:
+        out, grad_norm = sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers)
         if out is None:
             self._skip_nonfinite()
             return
@@ -333,14 +352,10 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
     value_mean, value_std = model.value_scale()
-    if cfg.bootstrap_time_limits:
-        terminated, truncated, v_final = mb["terminated"], mb["truncated"], final_values(model, mb, ev)
-    else:  # a time limit ends the episode like any other end
-        terminated, truncated = mb["terminated"] | mb["truncated"], torch.zeros_like(mb["truncated"])
-        v_final = torch.zeros_like(mb["rewards"])
+    terminated, truncated, v_final = _time_limits(cfg, model, mb, ev)
     out = appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
-        r_t=mb["rewards"] * cfg.reward_scale, terminated_t=terminated.float(),
+        r_t=learned_rewards(cfg, mb["rewards"]), terminated_t=terminated.float(),
         truncated_t=truncated.float(), v_final_t=v_final, entropy_t=ev.entropy,
         valid_t=valid, gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
         value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
@@ -349,6 +364,13 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
         behaviour_v_tm1=mb["behaviour_value"] if cfg.value_clip > 0 else None,
         value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
     )
+    return _descend(cfg, model, optimizer, out, valid, peers)
+
+
+def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Peers]):
+    """Backward from `out.total`, the gradient averaged over ranks and clipped, the
+    optimiser's step and the return normaliser's update: (out, grad norm), or
+    (None, grad norm) when the loss or gradient was not finite."""
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
     finite_loss = bool(torch.isfinite(out.total))
@@ -365,6 +387,75 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
     if model.return_norm is not None:
         model.return_norm.update(out.vs_tm1[valid > 0], peers.sum_ if peers is not None else None)
     return out, grad_norm
+
+
+def learned_rewards(cfg, r_t: torch.Tensor) -> torch.Tensor:
+    """The rewards the loss learns from: scaled by --reward_scale, then clipped
+    to +-reward_clip when that is set."""
+    r_t = r_t * cfg.reward_scale
+    return r_t.clamp(-cfg.reward_clip, cfg.reward_clip) if cfg.reward_clip > 0 else r_t
+
+
+def _time_limits(cfg, model, mb: dict, ev):
+    """(terminated, truncated, v_final) as the loss takes them: a time limit's cut
+    bootstrapped from the final observation's value, or ending the episode."""
+    if cfg.bootstrap_time_limits:
+        return mb["terminated"], mb["truncated"], final_values(model, mb, ev)
+    return mb["terminated"] | mb["truncated"], torch.zeros_like(mb["truncated"]), torch.zeros_like(mb["rewards"])
+
+
+@torch.no_grad()
+def batch_targets(cfg, model, batch: dict, valid: torch.Tensor):
+    """V-trace's targets and advantages (VTraceReturns, [T, B], return units) of a
+    whole batch of trajectories under the model's weights now: what the batch's
+    passes of single-sample minibatches train towards (--minibatch_split samples)."""
+    ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
+    value_mean, value_std = model.value_scale()
+    terminated, truncated, v_final = _time_limits(cfg, model, batch, ev)
+    return vtrace_targets(ev.values * value_std + value_mean, ev.logp - batch["behaviour_logp"],
+                          learned_rewards(cfg, batch["rewards"]), terminated.float(), truncated.float(), v_final, valid,
+                          gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, lambda_=cfg.vtrace_lambda)
+
+
+def flat_samples(batch: dict, valid: torch.Tensor) -> dict:
+    """The batch's T x B acting steps as single samples [T * B, ...]: with their
+    targets ("vs", "pg_advantage", flattened batch_targets) what
+    sample_gradient_step takes, a random part at a time."""
+    return {
+        "obs": {k: v[:-1].flatten(0, 1) for k, v in batch["obs"].items()},
+        "actions": batch["actions"].flatten(0, 1),
+        "behaviour_logp": batch["behaviour_logp"].flatten(),
+        "behaviour_value": batch["behaviour_value"].flatten(),
+        "valid": valid.flatten(),
+    }
+
+
+def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[Peers] = None):
+    """One gradient step on single samples (flat_samples' rows) whose targets were
+    computed over their whole trajectories; the loss is appo_loss's on those
+    targets, as one row [1, N]. Returns what gradient_step does."""
+    symmetric_kl = cfg.exploration_loss == "symmetric_kl"
+    logp, entropy, values, uniform_kl = model.evaluate_samples(samples["obs"], samples["actions"], symmetric_kl)
+    value_mean, value_std = model.value_scale()
+    row = {k: v.unsqueeze(0) for k, v in samples.items() if k not in ("obs", "actions")}
+    out = loss_on_targets(
+        (logp - samples["behaviour_logp"]).unsqueeze(0), values.unsqueeze(0), row["vs"], row["pg_advantage"],
+        entropy.unsqueeze(0), row["valid"],
+        clip_ratio=cfg.clip_ratio, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
+        normalize_adv=cfg.normalize_advantages,
+        exploration_t=uniform_kl.unsqueeze(0) if uniform_kl is not None else None,
+        value_mean=value_mean, value_std=value_std,
+        behaviour_v_tm1=row["behaviour_value"] if cfg.value_clip > 0 else None,
+        value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
+    )
+    return _descend(cfg, model, optimizer, out, row["valid"], peers)
+
+
+def _rows(value, rows: torch.Tensor):
+    """Rows `rows` of a flat sample tensor, or of each tensor of a dict of them."""
+    if isinstance(value, dict):
+        return {k: v[rows] for k, v in value.items()}
+    return value[rows]
 
 
 @torch.no_grad()
