@@ -428,3 +428,30 @@ def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
     assert env_bound_1["production_steps_per_s"] == pytest.approx(1 / (1e-3 + CHEAP_MODEL[32]))
     assert "4 policies, each trained at ~" in describe(four, 1)
     assert "policies" not in describe(one, 1)
+
+
+def test_on_policy_turns_add_the_sampling_and_learning_times_and_bound_the_lag():
+    costs = Costs(cores=2, env_s=1e-3, forward_s={1: 2e-4, 64: 1e-4}, train_s={1: 4e-3, 2: 2.2e-3})
+    # One learner thread: the other core idles while it learns (with two, turns cost
+    # what the cores' bound already charges an asynchronous run).
+    free = predict(costs, 2, 16, "local", 1, 1, 1, 32, 1024)
+    turns = predict(costs, 2, 16, "local", 1, 1, 1, 32, 1024, ahead=0)
+    sampling = min(free["production_steps_per_s"], 2 / (1e-3 + costs.forward(16)))
+    assert turns["trained_steps_per_s"] == pytest.approx(1 / (1 / sampling + 1 / free["consumption_steps_per_s"]))
+    assert turns["trained_steps_per_s"] < free["trained_steps_per_s"]
+    assert (turns["lag_max_learner_steps"], free["lag_max_learner_steps"]) == (0, 2)
+    assert turns["bottleneck"] == "learner"
+    # A worker's second env half keeps a buffer of its own beyond the bound.
+    halves = predict(costs, 8, 64, "policy_worker", 1, 2, 1, 32, 1024, ahead=1)
+    assert halves["lag_max_learner_steps"] == pytest.approx(1 + 1 + 8 * 32 * 32 / 1024)  # below the 17 unbounded
+
+
+def test_an_on_policy_plan_gives_every_worker_a_buffer_to_fill():
+    # Batch 1024 of 32-step rollouts: 2 workers x 32 envs would share one buffer under
+    # --max_batches_ahead 0, one worker sampling while the other waits.
+    costs = Costs(cores=2, env_s=1e-3, forward_s={1: 2e-4, 64: 1e-4}, train_s={1: 4e-3, 2: 2.2e-3})
+    cfg = Config(env="CartPole-v1", rollout=32, batch_size=1024, max_batches_ahead=0)
+    plan = choose(costs, cfg, set())
+    chosen = dataclasses.replace(cfg, num_workers=plan.num_workers, num_envs_per_worker=plan.num_envs_per_worker,
+                                 inference=plan.inference)
+    assert plan.num_workers * chosen.num_splits <= chosen.total_buffers == plan.num_buffers

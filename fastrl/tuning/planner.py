@@ -141,9 +141,10 @@ def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, poli
 
 
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-            epochs: int, rollout: int, batch: int, policies: int = 1, agents: int = 1) -> dict:
+            epochs: int, rollout: int, batch: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> dict:
     """Predicted rates (agent steps/s, all policies together) and lag of one layout;
-    see the module doc. `agents`: learning agents per game (Config.agents_per_game)."""
+    see the module doc. `agents`: learning agents per game (Config.agents_per_game);
+    `ahead`: Config.max_batches_ahead (0: sampling and learning take turns)."""
     forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
     if inference == "local":
         production = workers / (costs.env_s + forward)
@@ -155,9 +156,25 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
     consumption = policies / learn_wall
     cores = costs.cores / (costs.env_s + forward + comm + learner_threads * learn_wall)
     trained = min(production, consumption, cores)
-    if trained == consumption:
+    splits = splits_per_worker(inference, policies, agents)
+    lag = workers * envs * rollout / (policies * batch) + 1
+    if ahead >= 0 and splits == 1:
+        lag = min(lag, ahead)
+    elif ahead >= 0:
+        # A worker's other splits keep a buffer each beyond the bound (Config.total_buffers),
+        # held while the worker waits its turn for a freed one.
+        lag = min(lag, ahead + 1 + workers * (splits - 1) * rollout * (envs // splits) / (policies * batch))
+    slowest = trained
+    if ahead == 0:
+        # Turns: a batch is sampled, then learned from, each with the cores to itself;
+        # the slower of the two holds the larger share of the time.
+        sampling = min(production, costs.cores / (costs.env_s + forward + comm))
+        trained = 1.0 / (1.0 / sampling + 1.0 / consumption)
+        cores = trained  # not a bound of its own: the two never compete for the cores
+        slowest = min(production, consumption)
+    if slowest == consumption:
         bottleneck = "learner"
-    elif trained == production:
+    elif slowest == production:
         bottleneck = "inference" if inference == "policy_worker" and production < workers / costs.env_s else "env"
     else:  # every core is busy: name the part that takes most of them
         shares = {"env": costs.env_s, "inference": forward + comm, "learner": learner_threads * learn_wall}
@@ -167,10 +184,12 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
         "consumption_steps_per_s": consumption,
         "cores_steps_per_s": cores,
         "trained_steps_per_s": trained,
-        "lag_max_learner_steps": workers * envs * rollout / (policies * batch) + 1,
+        "lag_max_learner_steps": lag,
         "processes": processes,
         "bottleneck": bottleneck,
         "policies": policies,
+        # "turns": sampling and learning alternate (--max_batches_ahead 0); else they overlap.
+        "schedule": "turns" if ahead == 0 else "overlapped",
     }
 
 
@@ -224,6 +243,10 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                 splits = splits_per_worker(inference, policies, agents)
                 if envs % splits or cfg.batch_size % (cfg.rollout * envs // splits):
                     continue
+                pool = dataclasses.replace(cfg, num_workers=workers, num_envs_per_worker=envs, inference=inference,
+                                           num_buffers=0)
+                if cfg.max_batches_ahead >= 0 and workers * splits > pool.total_buffers:
+                    continue  # some workers would never hold a buffer while the others sample
                 policy_options = [1] if inference == "local" else allowed(
                     "num_policy_workers", list(range(1, max(1, costs.cores) + 1)))
                 for policy_workers in policy_options:
@@ -231,7 +254,7 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                                       else sorted(t for t in costs.train_s if t <= costs.cores))
                     for threads in thread_options:
                         p = predict(costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
-                                    cfg.rollout, cfg.batch_size, policies, agents)
+                                    cfg.rollout, cfg.batch_size, policies, agents, cfg.max_batches_ahead)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
                             continue
                         candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
@@ -280,11 +303,12 @@ def describe(plan: Plan, frameskip: int) -> str:
     layout = (f"{plan.num_workers} rollout worker(s) x {plan.num_envs_per_worker} envs, inference {plan.inference}"
               + (f" ({plan.num_policy_workers} policy worker(s))" if plan.inference == "policy_worker" else ""))
     nice = f", workers at nice {plan.worker_nice}" if plan.worker_nice else ""
+    cores = ("sampling and learning in turns" if p.get("schedule") == "turns"
+             else f"cores {p['cores_steps_per_s'] * frameskip:,.0f}")
     return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; "
             f"predicted {p['trained_steps_per_s'] * frameskip:,.0f} env frames/s trained "
             f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
-            f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, "
-            f"cores {p['cores_steps_per_s'] * frameskip:,.0f}; "
+            f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, {cores}; "
             f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps"
             + _per_policy(p, frameskip))
 
