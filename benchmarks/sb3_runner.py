@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib.util
 import math
 import os
@@ -134,6 +135,30 @@ def make_reporter(base_callback, launched: float, seconds: float, report_seconds
     return Reporter()
 
 
+def fastrl_atari_env(name: str):
+    """fastrl's Atari env (frames stacked inside) as SB3 trains on it: rewards
+    clipped to their sign, and a whole game's score put where the reporter looks
+    for Monitor's ("episode" in the info of the game's last step)."""
+    import gymnasium
+    import numpy as np
+    from fastrl.envs.registry import get_spec
+
+    class SignedRewardsGameScores(gymnasium.Wrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.game_steps = 0
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            self.game_steps += 1
+            if "true_objective" in info:  # SB3 logs Monitor's keys: return, length, time
+                info = {**info, "episode": {"r": info["true_objective"], "l": self.game_steps, "t": 0.0}}
+                self.game_steps = 0
+            return obs, float(np.sign(reward)), terminated, truncated, info
+
+    return SignedRewardsGameScores(get_spec(name).make())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--env", required=True, choices=sorted(ZOO_PPO), help="gymnasium env id (one the zoo tuned)")
@@ -144,7 +169,13 @@ def main(argv=None) -> int:
     parser.add_argument("--torch_threads", type=int, default=0,
                         help="torch intra-op threads (default 0: 1 for an MLP policy, torch's own default, one per "
                              "core, for Atari's CNN; rl-zoo3's --num-threads sets the same)")
+    parser.add_argument("--fastrl_env", action="store_true",
+                        help="Atari only: train on fastrl's own Atari env (envs/atari.py: its frame stack, episodic "
+                             "life and FIRE), rewards clipped to their sign as SB3's AtariWrapper does, instead of "
+                             "SB3's wrappers: tells an env difference from a trainer difference")
     args = parser.parse_args(argv)
+    if args.fastrl_env and args.env not in ATARI_IDS:
+        parser.error(f"--fastrl_env is for the Atari envs ({', '.join(sorted(ATARI_IDS))}), not {args.env}")
     launched = launched_at()  # fastrl's own reading, so both count from the same kind of clock
 
     if importlib.util.find_spec("stable_baselines3") is None:
@@ -168,7 +199,13 @@ def main(argv=None) -> int:
     # DummyVecEnv (the zoo's default too, Atari included): the envs step in this
     # process, one after another. These envs step in microseconds; SubprocVecEnv's
     # pipes would cost more.
-    if args.env in ATARI_IDS:
+    if args.fastrl_env:
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        env = DummyVecEnv([functools.partial(fastrl_atari_env, args.env) for _ in range(n_envs)])
+        env.seed(args.seed)
+        policy, frameskip = "CnnPolicy", ATARI_FRAMESKIP
+    elif args.env in ATARI_IDS:
         import ale_py
         import gymnasium
         from stable_baselines3.common.env_util import make_atari_env

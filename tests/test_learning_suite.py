@@ -177,3 +177,27 @@ def test_suite_runs_fastrl_and_sb3_on_cartpole_end_to_end(tmp_path):
     for system in ("fastrl", "sb3"):
         curve = plot.read_curve(str(out / system / "CartPole-v1_s0"))
         assert curve.frames and curve.values
+
+
+def test_sb3_on_fastrls_atari_env_sees_signed_rewards_and_whole_game_scores():
+    # sb3_runner --fastrl_env: what tells an env difference from a trainer difference.
+    pytest.importorskip("ale_py")
+    env = sb3_runner.fastrl_atari_env("atari_breakout")
+    env.reset(seed=3)
+    env.action_space.seed(0)
+    for _ in range(30):  # games of random play until one scores
+        rewards, steps = [], 0
+        while True:
+            _, reward, terminated, truncated, info = env.step(env.action_space.sample())
+            rewards.append(reward)
+            steps += 1
+            if terminated or truncated:
+                env.reset()
+            if "episode" in info:
+                break
+        assert set(rewards) <= {-1.0, 0.0, 1.0}
+        if sum(rewards) > 0:
+            break
+    # One game over its five lives: a brick is worth 1, 4 or 7 points, each signed to 1.
+    assert info["episode"]["l"] == steps and info["episode"]["r"] >= sum(rewards) > 0
+    env.close()
