@@ -5,6 +5,9 @@ Breakout with the NOOP action is the workhorse: FIRE on reset launches the ball,
 idle paddle misses it, and a life is lost every ~24 steps, so a full 5-life game
 takes ~120 steps (a fraction of a second).
 """
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -177,3 +180,20 @@ def test_unknown_atari_name_suggests_the_closest():
         get_spec("atari_breakot")
     with pytest.raises(UnknownEnvError, match="did you mean 'atari_space_invaders'"):
         get_spec("atari_spaceinvaders")
+
+
+def test_the_atari_preset_trains_on_policy_as_a_user_runs_it(tmp_path):
+    # The family's defaults end to end on a real game: batches sampled with the newest
+    # weights only (lag 0), minibatches of single steps, ReLU encoder, signed rewards.
+    from helpers import TrainRun, read_summary
+
+    run = TrainRun(["--env", "atari_breakout", "--train_dir", str(tmp_path), "--train_for_env_frames", "16000",
+                    "--status_every_seconds", "1"])
+    assert run.wait(timeout=150) == 0, run.output()
+    cfg = json.loads((tmp_path / "atari_breakout" / "config.json").read_text())
+    assert (cfg["max_batches_ahead"], cfg["minibatch_split"], cfg["use_rnn"], cfg["reward_clip"]) == (0, "samples",
+                                                                                                         False, 1.0)
+    lags = [int(m.group(1)) for m in map(re.compile(r"lag min/mean/max \d+/[\d.]+/(\d+)").search, run.lines) if m]
+    assert lags and max(lags) == 0, run.output()
+    assert read_summary(tmp_path, "atari_breakout")["env_frames"] >= 16000
+    assert run.leftover_processes() == [] and run.new_shm_entries() == set()
