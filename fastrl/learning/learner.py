@@ -152,7 +152,7 @@ class Learner:
                 with self.timer("busy_s"), self.clock.span("gpu_s"):
                     self.train_on(batch)
                 self.clock.collect()
-                if pending:  # --max_batches_ahead: sampling resumes with the weights just published
+                if cfg.frees_after_training:  # sampling resumes with the weights just published
                     put_many_polling(ctx.free_queue, pending, 10.0)
                     pending = []
                 if first:
@@ -253,14 +253,13 @@ class Learner:
                 put_many_polling(self.ctx.metrics_queue, [{COMPILE_KEY: report}], 1.0)
             except queue.Full:
                 pass  # a report only
-        if out is None:
-            self._skip_nonfinite()
-            return
-        self._nonfinite_in_a_row = 0
-        self._note_metrics(out, grad_norm)
+        self._stepped(out, grad_norm)
 
     def _sample_step(self, samples: dict) -> None:
-        out, grad_norm = sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers)
+        self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers))
+
+    def _stepped(self, out, grad_norm) -> None:
+        """After a gradient step: count a skipped one (not finite), or note its metrics."""
         if out is None:
             self._skip_nonfinite()
             return

@@ -243,9 +243,9 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                 splits = splits_per_worker(inference, policies, agents)
                 if envs % splits or cfg.batch_size % (cfg.rollout * envs // splits):
                     continue
-                pool = dataclasses.replace(cfg, num_workers=workers, num_envs_per_worker=envs, inference=inference,
-                                           num_buffers=0)
-                if cfg.max_batches_ahead >= 0 and workers * splits > pool.total_buffers:
+                if cfg.max_batches_ahead >= 0 and workers * splits > dataclasses.replace(
+                        cfg, num_workers=workers, num_envs_per_worker=envs, inference=inference,
+                        num_buffers=0).total_buffers:
                     continue  # some workers would never hold a buffer while the others sample
                 policy_options = [1] if inference == "local" else allowed(
                     "num_policy_workers", list(range(1, max(1, costs.cores) + 1)))
