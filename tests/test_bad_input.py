@@ -19,21 +19,22 @@ the trainer leaves them (built without training) under {root}/train, and files
 that stand where other things are expected. Rows that are not about the plan pass
 --plan off: they stay fast and leave the machine's profile cache alone.
 
-The rows run two at a time: most wait on a Python start-up and torch's import.
+The rows run two at a time, each forked from one interpreter that imported torch
+once (tests/fork_launcher.py): as 77 fresh interpreters they spent a minute
+importing it.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import pytest
-from helpers import REPO, MarkerPayload, forge_checkpoint, make_experiment
+from helpers import REPO, TESTS, MarkerPayload, forge_checkpoint, make_experiment
 
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint
 
@@ -244,22 +245,22 @@ def snapshot(root: str) -> dict:
     return found
 
 
-def run_case(case: Case, root: str, cwd: str) -> subprocess.CompletedProcess:
-    """The command as a user runs it. One that was not refused may go on training,
-    so it gets TIMEOUT_S and then its whole session is killed, and the row fails."""
+def run_cases(cases: list, root: str, cwd: str) -> list:
+    """Every row's command as a user runs it, forked from one interpreter that has
+    imported torch (fork_launcher.py says why and what that leaves out). A row that
+    was not refused may go on training, so it gets TIMEOUT_S and then its whole
+    session is killed, and the row fails."""
     # No bytecode caches and a working folder outside root: the rows must leave root as it was.
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (REPO, root, os.environ.get("PYTHONPATH")) if p)}
-    argv = [sys.executable, "-m", f"fastrl.{case.command}", *shlex.split(case.argv.format(root=root))]
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        stderr += f"\n(still running after {TIMEOUT_S} s: not refused)"
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    jobs = [{"module": f"fastrl.{case.command}", "args": shlex.split(case.argv.format(root=root)), "cwd": cwd}
+            for case in cases]
+    launcher = subprocess.run([sys.executable, os.path.join(TESTS, "fork_launcher.py")], cwd=cwd, env=env,
+                              input=json.dumps({"jobs": jobs, "parallel": 2, "timeout": TIMEOUT_S}),
+                              capture_output=True, text=True, timeout=TIMEOUT_S * len(cases))
+    assert launcher.returncode == 0, launcher.stderr
+    return [subprocess.CompletedProcess(job["args"], r["returncode"], r["stdout"], r["stderr"])
+            for job, r in zip(jobs, json.loads(launcher.stdout))]
 
 
 @pytest.fixture(scope="module")
@@ -269,8 +270,7 @@ def outcomes(tmp_path_factory):
     cwd = str(tmp_path_factory.mktemp("cwd"))
     build_scratch(root)
     before = snapshot(root)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda case: run_case(case, root, cwd), CASES))
+    results = run_cases(CASES, root, cwd)
     return results, before, snapshot(root), root
 
 
