@@ -1,6 +1,7 @@
 """`python -m fastrl.train --env ENV [options]`: train an agent with async APPO."""
 from __future__ import annotations
 
+import gc
 import sys
 
 from fastrl.config import ConfigError, check_env_and_options, parse_args
@@ -34,6 +35,10 @@ def main(argv=None) -> int:
         from fastrl.runtime.runner import train
 
         mark("runner imported")
+        # What is imported by now lives as long as the process. Frozen, the
+        # collector never walks it again, nor does the interpreter's exit: with torch
+        # imported that walk held the shell's prompt back ~0.4 s after a run ended.
+        gc.freeze()
 
         return train(cfg, extra.explicit, rank)
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)
