@@ -312,6 +312,13 @@ class Config:
         return self.max_batches_ahead >= 0
 
     @property
+    def minibatches_of_samples(self) -> bool:
+        """Whether a pass's minibatches are single samples (--minibatch_split samples):
+        a GRU model always takes whole trajectories, and one minibatch is the whole
+        batch, trained in place."""
+        return self.minibatch_split == "samples" and not self.use_rnn and self.num_minibatches > 1
+
+    @property
     def hidden_size_tuple(self) -> tuple:
         return tuple(int(s) for s in self.hidden_sizes.split(",") if s.strip())
 
@@ -398,8 +405,7 @@ def validate(cfg: Config, writes: bool = True) -> None:
             f"--num_minibatches {cfg.num_minibatches} must divide the {columns} trajectories of a batch "
             f"(batch_size / rollout); pick a divisor of {columns}."
         )
-    if (cfg.compile_learner == "on" and cfg.minibatch_split == "samples" and not cfg.use_rnn
-            and cfg.num_minibatches > 1):
+    if cfg.compile_learner == "on" and cfg.minibatches_of_samples:
         raise ConfigError("--compile_learner on compiles the re-run of whole trajectories, which "
                           "--minibatch_split samples does not use; pass --minibatch_split trajectories or "
                           "--compile_learner off.")

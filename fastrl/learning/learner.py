@@ -216,12 +216,11 @@ class Learner:
             self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
 
         T, B = batch["rewards"].shape
-        by_samples = cfg.minibatch_split == "samples" and not cfg.use_rnn
         samples = None
         for _ in range(cfg.ppo_epochs):
             if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
                 self._gradient_step(batch, valid)
-            elif by_samples:
+            elif cfg.minibatches_of_samples:
                 if samples is None:
                     # Once per batch, with the weights before this batch's first step: on
                     # policy (lag 0) pi = mu there, every importance weight is 1 and the
@@ -356,14 +355,24 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
         r_t=learned_rewards(cfg, mb["rewards"]), terminated_t=terminated.float(),
         truncated_t=truncated.float(), v_final_t=v_final, entropy_t=ev.entropy,
-        valid_t=valid, gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, clip_ratio=cfg.clip_ratio,
-        value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef, normalize_adv=cfg.normalize_advantages,
-        lambda_=cfg.vtrace_lambda, exploration_t=ev.uniform_kl,
-        value_mean=value_mean, value_std=value_std,
-        behaviour_v_tm1=mb["behaviour_value"] if cfg.value_clip > 0 else None,
-        value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
+        valid_t=valid, exploration_t=ev.uniform_kl, value_mean=value_mean, value_std=value_std,
+        **_trace_settings(cfg), **_loss_settings(cfg, mb["behaviour_value"]),
     )
     return _descend(cfg, model, optimizer, out, valid, peers)
+
+
+def _trace_settings(cfg) -> dict:
+    """V-trace's options, as appo_loss and vtrace_targets take them."""
+    return dict(gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, lambda_=cfg.vtrace_lambda)
+
+
+def _loss_settings(cfg, behaviour_v_tm1: torch.Tensor) -> dict:
+    """The loss's options on known targets, as appo_loss and loss_on_targets take
+    them; the acting values are read only for the value clip."""
+    clipped = cfg.value_clip > 0
+    return dict(clip_ratio=cfg.clip_ratio, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
+                normalize_adv=cfg.normalize_advantages, behaviour_v_tm1=behaviour_v_tm1 if clipped else None,
+                value_clip=cfg.value_clip if clipped else None)
 
 
 def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Peers]):
@@ -413,7 +422,7 @@ def batch_targets(cfg, model, batch: dict, valid: torch.Tensor):
     terminated, truncated, v_final = _time_limits(cfg, model, batch, ev)
     return vtrace_targets(ev.values * value_std + value_mean, ev.logp - batch["behaviour_logp"],
                           learned_rewards(cfg, batch["rewards"]), terminated.float(), truncated.float(), v_final, valid,
-                          gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, lambda_=cfg.vtrace_lambda)
+                          **_trace_settings(cfg))
 
 
 def flat_samples(batch: dict, valid: torch.Tensor) -> dict:
@@ -440,12 +449,8 @@ def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[P
     out = loss_on_targets(
         (logp - samples["behaviour_logp"]).unsqueeze(0), values.unsqueeze(0), row["vs"], row["pg_advantage"],
         entropy.unsqueeze(0), row["valid"],
-        clip_ratio=cfg.clip_ratio, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
-        normalize_adv=cfg.normalize_advantages,
         exploration_t=uniform_kl.unsqueeze(0) if uniform_kl is not None else None,
-        value_mean=value_mean, value_std=value_std,
-        behaviour_v_tm1=row["behaviour_value"] if cfg.value_clip > 0 else None,
-        value_clip=cfg.value_clip if cfg.value_clip > 0 else None,
+        value_mean=value_mean, value_std=value_std, **_loss_settings(cfg, row["behaviour_value"]),
     )
     return _descend(cfg, model, optimizer, out, row["valid"], peers)
 
