@@ -118,11 +118,17 @@ def test_pinned_rollout_workers_run_on_one_core_each_with_their_engines(tmp_path
     cores = sorted(os.sched_getaffinity(0))
     try:
         placed = {}  # title -> (its cores, its descendants' cores)
-        for pid, title in run.titles.items():
-            if title.startswith(("fastrl: rollout-worker", "fastrl: learner")):
-                proc = psutil.Process(pid)
-                children = [os.sched_getaffinity(c.pid) for c in proc.children(recursive=True)]
-                placed[" ".join(title.split())] = (os.sched_getaffinity(pid), children)
+        # The live tree, not run.titles: that remembers every pid seen since launch,
+        # including short-lived children that briefly carried a worker's title between
+        # their fork and their exec (CI once met one after it had exited).
+        for proc in psutil.Process(run.proc.pid).children(recursive=True):
+            try:
+                title = " ".join(" ".join(proc.cmdline()).split())
+                if title.startswith(("fastrl: rollout-worker", "fastrl: learner")):
+                    children = [os.sched_getaffinity(c.pid) for c in proc.children(recursive=True)]
+                    placed[title] = (os.sched_getaffinity(proc.pid), children)
+            except (psutil.Error, OSError):
+                pass  # gone since the tree was read
         for i in range(2):
             own, engines = placed[f"fastrl: rollout-worker {i}"]
             assert own == {cores[i % len(cores)]} and engines and all(e == own for e in engines), placed
