@@ -497,17 +497,32 @@ def compute_bound_limit(env: EnvProfile, model: ModelProfile, forward_batch: int
             "steps_per_s": steps_per_s, "frames_per_s": steps_per_s * env.frameskip}
 
 
-def cpu_model() -> str:
-    """The CPU's name (x86's model name, or an ARM board's Hardware or Model line)."""
+# The vector extensions that decide which precision and kernels are fastest, best first.
+VECTOR_EXTENSIONS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's name (x86's model name, or an ARM board's Hardware or Model line),
+    and on x86 its family, model and best vector extension: a cloud VM's CPU is
+    often named only "AMD EPYC" or "Intel Xeon", and under one such name this
+    project has met a Zen 3 without bf16 and a Zen 4 with it, which rank bf16 and
+    fp32 the opposite way. Measurements cached under the name must not cross."""
+    fields: dict = {}
     try:
-        with open("/proc/cpuinfo") as fh:
+        with open(cpuinfo) as fh:
             for line in fh:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Hardware", "Model") and value.strip():
-                    return value.strip()
+                fields.setdefault(key.strip(), value.strip())  # the first processor's, on x86
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    name = next((fields[k] for k in ("model name", "Hardware", "Model") if fields.get(k)), None)
+    if name is None:
+        return platform.processor() or platform.machine() or "unknown"
+    if "cpu family" in fields:
+        flags = set(fields.get("flags", "").split())
+        best = next((e for e in VECTOR_EXTENSIONS if e in flags), "no avx2")
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')}, {best})"
+    return name
 
 
 def machine_info() -> dict:
