@@ -55,6 +55,19 @@ TIE = 0.03
 # about 1.25x less (the kernel's sched_prio_to_weight table).
 NICE_STEP = 1.25
 MAX_WORKER_NICE = 10
+# The most of its fair share a cheap learner (one whose step costs less core time
+# than the actors' part of a sample) may need before the workers give way. A
+# learner that needs all of its share is busy whenever a batch waits, so batches
+# queue for it and the policy lag rises to what the buffers allow: LunarLander-v3
+# on 2 cores (2 workers x 32 envs, a learner needing 0.63 of a core) ran at a mean
+# lag of 2.8 learner steps with the workers at nice 0 (its share 0.67) and 1.8-2.0
+# at nice 1-2 (0.77-0.88), and passed a return of 200 100 s sooner at the same
+# frames/s (benchmarks/README.md, twenty-fifth session). A costly learner, or one
+# that would need more than its threads' cores for the room, is busy all the time
+# at any share and gets only what it needs: yielding more buys it nothing
+# (doom_battle at 2 x 32 on a Zen 3, whose need asks nice 3-4, trained at 2,339 env
+# frames/s with the workers at nice 2 and 2,240 at nice 4; twenty-sixth session).
+LEARNER_LOAD = 0.8
 
 
 @dataclass
@@ -140,6 +153,14 @@ def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, poli
     return costs.policy_worker_forward(workers * split), costs.comm_s
 
 
+def core_s_per_step(costs: Costs, workers: int, envs: int, inference: str, learner_threads: int, epochs: int,
+                    policies: int = 1, agents: int = 1) -> tuple:
+    """(the actors', the learner's) core-seconds per agent step of one layout: an env
+    step with its forward and round trip, and the learner's passes on all its threads."""
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
+    return costs.env_s + forward + comm, learner_threads * epochs * costs.train(learner_threads)
+
+
 def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
             epochs: int, rollout: int, batch: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> dict:
     """Predicted rates (agent steps/s, all policies together) and lag of one layout;
@@ -194,9 +215,10 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
 
 
 def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-                epochs: int, policies: int = 1, agents: int = 1) -> int:
+                epochs: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> int:
     """The least niceness of the rollout workers at which Linux's fair share gives
-    the learner the part of the cores the cost model has it need.
+    the learner the part of the cores the cost model has it need, with room to
+    spare (LEARNER_LOAD).
 
     The rates `predict` gives assume the cores are packed perfectly: the learner
     computes a share C * learn / (actors + learn) of them. The kernel does not
@@ -207,14 +229,17 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     workers, they block on free buffers, and part of a core idles meanwhile.
     Lowering the workers' weight moves the share, and a worker that still wants
     less than it is allowed loses nothing. Returns 0 when every process has a
-    core of its own."""
+    core of its own, or when sampling and learning take turns (`ahead` 0: the
+    workers wait while the learner trains, so there is no share to move)."""
     pw = policy_workers if inference == "policy_worker" else 0
     learners = policies * learner_threads  # threads of all the learners
-    if workers + pw + learners <= costs.cores:
+    if workers + pw + learners <= costs.cores or ahead == 0:
         return 0
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
-    learn = learner_threads * epochs * costs.train(learner_threads)
-    need = min(learners, costs.cores * learn / (costs.env_s + forward + comm + learn))
+    actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents)
+    need = costs.cores * learn / (actors + learn)
+    if learn <= actors and need / LEARNER_LOAD <= learners:
+        need /= LEARNER_LOAD  # a cheap learner, idle at times: room, so that no batch waits for it
+    need = min(learners, need)
     for nice in range(MAX_WORKER_NICE + 1):
         weight = NICE_STEP ** -nice  # the learners' threads and policy workers weigh 1 each
         share = costs.cores * learners / (learners + pw + workers * weight)
@@ -269,16 +294,27 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
         return (c.workers != cfg.num_workers) + (c.envs != cfg.num_envs_per_worker) + (c.inference != cfg.inference)
 
     def starves_learner(c: Candidate) -> bool:
-        return c.predicted["production_steps_per_s"] < c.predicted["consumption_steps_per_s"]
+        p = c.predicted
+        if p["production_steps_per_s"] >= p["consumption_steps_per_s"]:
+            return False
+        actors, learn = core_s_per_step(costs, c.workers, c.envs, c.inference, c.learner_threads, cfg.ppo_epochs,
+                                        policies, agents)
+        return p["production_steps_per_s"] <= p["cores_steps_per_s"] or learn > actors
 
     # Among near-best layouts: first those whose actors outpace the learner. Two
     # coupled stages run below the slower one's rate when their rates are close,
     # and a surplus of actors costs little (they block on free buffers and give
-    # up their core) while a starved learner wastes the step that costs most:
-    # doom_battle's 1 worker x 32 envs was predicted 3% below 2 x 16 and
-    # measured 4-12% below it, with a third of a core idle. Then fewest
-    # processes and threads, the configured defaults (hand-picked for learning,
-    # not only speed), least lag.
+    # up their core) while a starved learner wastes the step that costs most. It
+    # starves where the actors could not keep up with a core each (doom_battle's 1
+    # worker x 32 envs, predicted 3% below 2 x 16, measured 4-12% below it with a
+    # third of a core idle) or where the learner is the costliest part of a
+    # sample and its share leaves the actors too little (doom_health_gathering_
+    # supreme's 1 x 32 beside a 2-thread learner trained 26% below 2 x 32: 1,721
+    # against 2,332 env frames/s, a Zen 3, twenty-sixth session). Where the cores
+    # are the limit and the envs cost most, a worker more only adds a batch of
+    # lag: LunarLander-v3's 3 x 32 ran at a mean lag of 2.8 learner steps where
+    # 2 x 32 ran at 1.7, at the same frames/s. Then fewest processes and threads,
+    # the configured defaults (hand-picked for learning, not only speed), least lag.
     def preference(c: Candidate) -> tuple:
         return (starves_learner(c), c.predicted["processes"], c.learner_threads, departures(c),
                 c.predicted["lag_max_learner_steps"], -c.predicted["trained_steps_per_s"])
@@ -288,7 +324,8 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
     buffers = cfg.num_buffers if "num_buffers" in explicit else dataclasses.replace(
         cfg, num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference, num_buffers=0).total_buffers
     nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
-        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies, agents)
+        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies, agents,
+        cfg.max_batches_ahead)
     return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
                 num_policy_workers=c.policy_workers if c.inference == "policy_worker" else cfg.num_policy_workers,
                 learner_threads=c.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)
