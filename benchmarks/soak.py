@@ -32,6 +32,8 @@ import time
 
 import psutil
 
+from fastrl.tuning.profiling import cpu_model
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1024 * 1024
 
@@ -302,7 +304,7 @@ def main(argv=None) -> int:
         for env in envs:
             results.append(soak(env, args, extra, out_dir))
     finally:
-        report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
                               "python": platform.python_version()},
                   "settings": {k: v for k, v in vars(args).items() if k != "json"}, "extra_train_args": extra,
                   "runs": results}

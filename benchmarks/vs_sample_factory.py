@@ -506,12 +506,9 @@ def rates(parsed: dict, skip: float) -> dict:
 
 
 def machine(device: str = "cpu") -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from fastrl.tuning.profiling import cpu_model  # the CPU by its generation, as every benchmark names it
+
+    cpu = cpu_model()
     try:
         with open("/proc/meminfo") as fh:
             mem_gib = int(fh.readline().split()[1]) / 2**20
