@@ -363,14 +363,13 @@ def test_workers_give_way_until_the_learner_gets_its_share_of_the_cores_and_some
     assert _learner_share(costs, one_less) < wanted  # the least niceness that does it
 
 
-
 def test_a_costly_learner_gets_what_it_needs_and_no_room():
     # doom_health_gathering_supreme-like: a 2-thread learner whose step costs more
     # core time than the actors' part of a sample is busy whatever its share; room
     # for it would only slow the workers.
     hgs_like = Costs(cores=2, env_s=0.44e-3, forward_s={32: 0.5e-3}, train_s={1: 2e-3, 2: 1.17e-3})
     nice = worker_nice(hgs_like, 2, 32, "local", 1, 2, 1)
-    need = 2 * (2 * 1.17e-3) / (0.44e-3 + 0.5e-3 + 50e-6 * 0 + 2 * 1.17e-3)
+    need = 2 * (2 * 1.17e-3) / (0.44e-3 + 0.5e-3 + 2 * 1.17e-3)  # local: no round trip
 
     def share(n):
         return 2 * 2 / (2 + 2 * NICE_STEP ** -n)
