@@ -359,11 +359,11 @@ def test_on_a_gpu_run_the_profile_times_the_learner_and_policy_worker_forwards_o
     assert set(costs.forward_s) == set(profiling.FORWARD_BATCHES) and costs.forward_s[4] > 0
 
 
-def _learner_share(costs, plan) -> float:
+def _learner_share(costs, workers: int, learner_threads: int, nice: int) -> float:
     """The learner's part of the cores under Linux's weighted fair share, every
     process wanting to run (the model worker_nice plans with)."""
-    others = plan.num_workers * NICE_STEP ** -plan.worker_nice
-    return costs.cores * plan.learner_threads / (plan.learner_threads + others)
+    others = workers * NICE_STEP ** -nice
+    return costs.cores * learner_threads / (learner_threads + others)
 
 
 DOOM_LIKE = Costs(cores=2, env_s=0.55e-3, forward_s={16: 0.30e-3, 32: 0.28e-3}, train_s={1: 0.64e-3, 2: 0.52e-3})
@@ -384,9 +384,9 @@ def test_workers_give_way_until_the_learner_gets_its_share_of_the_cores_and_some
     need = 2 * learn / (costs.env_s + costs.forward(plan.num_envs_per_worker) + learn)
     wanted = need / LEARNER_LOAD if need / LEARNER_LOAD <= 1 else need  # room only where it can be had
     assert plan.worker_nice > 0
-    assert _learner_share(costs, plan) >= wanted
-    one_less = dataclasses.replace(plan, worker_nice=plan.worker_nice - 1)
-    assert _learner_share(costs, one_less) < wanted  # the least niceness that does it
+    assert _learner_share(costs, plan.num_workers, plan.learner_threads, plan.worker_nice) >= wanted
+    # the least niceness that does it
+    assert _learner_share(costs, plan.num_workers, plan.learner_threads, plan.worker_nice - 1) < wanted
 
 
 def test_a_costly_learner_gets_what_it_needs_and_no_room():
@@ -396,11 +396,7 @@ def test_a_costly_learner_gets_what_it_needs_and_no_room():
     hgs_like = Costs(cores=2, env_s=0.44e-3, forward_s={32: 0.5e-3}, train_s={1: 2e-3, 2: 1.17e-3})
     nice = worker_nice(hgs_like, 2, 32, "local", 1, 2, 1)
     need = 2 * (2 * 1.17e-3) / (0.44e-3 + 0.5e-3 + 2 * 1.17e-3)  # local: no round trip
-
-    def share(n):
-        return 2 * 2 / (2 + 2 * NICE_STEP ** -n)
-
-    assert share(nice) >= need > share(nice - 1)
+    assert _learner_share(hgs_like, 2, 2, nice) >= need > _learner_share(hgs_like, 2, 2, nice - 1)
 
 
 def test_a_learner_that_costs_more_gets_more_of_the_cores():
