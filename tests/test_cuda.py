@@ -117,6 +117,25 @@ def test_cpu_policy_runner_equals_model_act_with_a_fixed_seed(deterministic):
         assert torch.equal(want, have), name
 
 
+def _act_on_host(runner, obs, rnn):
+    """The policy worker's way in: fill the runner's host inputs, act on them."""
+    host_obs, host_rnn = runner.host_inputs(rnn.shape[0])
+    for key, value in obs.items():
+        host_obs[key].copy_(value)
+    host_rnn.copy_(rnn)
+    return runner.act_on_host(NullClock())
+
+
+def test_cpu_policy_runner_acts_on_host_inputs_as_on_its_arguments():
+    model = _model()
+    runner = make_policy_runner(model, "cpu", max_batch=8, deterministic=True)
+    obs, rnn = _inputs(7)
+    want = runner(obs, rnn)
+    have = _act_on_host(runner, obs, rnn)
+    for name, a, b in zip(ActOutput._fields, want, have):
+        assert b.device.type == "cpu" and torch.equal(a, b), name
+
+
 @NEEDS_NO_GPU
 def test_graphed_policy_is_unsupported_without_cuda():
     assert not GraphedPolicy.supported()
@@ -368,6 +387,19 @@ def test_graphed_policy_equals_eager_when_deterministic(action_space, use_rnn):
         have = graphed(obs, rnn)
         assert have.actions.shape[0] == batch
         _assert_act_close(want, have)
+
+
+@needs_gpu
+def test_graphed_policy_answers_host_inputs_on_the_host_as_eager_does():
+    model = _sharpen(_model(device="cuda"))
+    graphed = GraphedPolicy(model, [2, 8], model.layout, model.rnn_state_size, "cuda", deterministic=True)
+    for batch in (1, 5, 8, 11):  # padded, exact, and above the largest capture (eager)
+        obs, rnn = _inputs(batch, model.rnn_state_size)
+        with torch.no_grad():
+            want = model.act({k: v.cuda() for k, v in obs.items()}, rnn.cuda(), deterministic=True)
+        have = _act_on_host(graphed, obs, rnn)
+        assert all(value.device.type == "cpu" and value.shape[0] == batch for value in have)
+        _assert_act_close(ActOutput(*(value.cpu() for value in want)), have)
 
 
 @needs_gpu

@@ -36,7 +36,7 @@ model uses only the default one.
 
 import bisect
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -59,11 +59,28 @@ class EagerPolicy:
 
     def __init__(self, model: nn.Module, device, deterministic: bool = False):
         self.model, self.device, self.deterministic = model, torch.device(device), deterministic
+        self._inputs = None  # what host_inputs last handed out
 
     @torch.no_grad()
     def __call__(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> ActOutput:
         obs = {key: value.to(self.device) for key, value in obs.items()}
         return self.model.act(obs, rnn_state.to(self.device), deterministic=self.deterministic)
+
+    def host_inputs(self, batch: int) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+        """Host tensors of `batch` rows for the caller to fill before `act_on_host`."""
+        self._inputs = ({key: torch.empty((batch, *shape), dtype=dtype)
+                         for key, (shape, dtype) in self.model.layout.items()},
+                        torch.empty(batch, self.model.rnn_state_size))
+        return self._inputs
+
+    def act_on_host(self, clock) -> ActOutput:
+        """act() on what `host_inputs` handed out, its outputs on the host; `clock`
+        (fastrl.cuda.timing) times the forward as "gpu_s" and the copies back as "d2h_s"."""
+        obs, rnn = self._inputs
+        with clock.span("gpu_s"):
+            out = self(obs, rnn)
+        with clock.span("d2h_s"):
+            return ActOutput(*(value.cpu() for value in out))
 
 
 class GraphedPolicy:
@@ -117,6 +134,20 @@ class GraphedPolicy:
         self._graphs: Dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: Dict[int, ActOutput] = {}
         self._capture()
+        # Pinned host mirrors of the static inputs and outputs, for a policy worker that
+        # gathers its requests' rows on the host and wants the answers there. Copies
+        # between pinned memory and the GPU are DMA the host need not watch, so it
+        # enqueues upload, replay and download and then sleeps on one blocking event:
+        # a pageable `.cpu()` instead spins a core for the whole forward (CUDA spins
+        # while a process has fewer contexts than the machine has cores), and a GPU
+        # policy worker measured a full core busy whatever its load.
+        self._host_obs = {key: torch.empty(static.shape, dtype=static.dtype, pin_memory=True)
+                          for key, static in self._obs.items()}
+        self._host_rnn = torch.empty(self._rnn.shape, pin_memory=True)
+        self._host_out = ActOutput(*(torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+                                     for out in self._outputs[top]))
+        self._answered = torch.cuda.Event(blocking=True)
+        self._host_batch = 0
 
     @staticmethod
     def supported() -> bool:
@@ -185,6 +216,37 @@ class GraphedPolicy:
         size = self.sizes[bisect.bisect_left(self.sizes, batch)]
         self._graphs[size].replay()
         return ActOutput(*(out[:batch].clone() for out in self._outputs[size]))
+
+
+    def host_inputs(self, batch: int) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+        """Pinned host views of `batch` rows for the caller to fill before `act_on_host`;
+        they stay valid until the next call of either."""
+        self._host_batch = batch
+        if batch > self.sizes[-1]:
+            return self._eager.host_inputs(batch)
+        return {key: host[:batch] for key, host in self._host_obs.items()}, self._host_rnn[:batch]
+
+    @torch.no_grad()
+    def act_on_host(self, clock) -> ActOutput:
+        """act() on what `host_inputs` handed out, answered in pinned host tensors valid
+        until the next call; `clock` (fastrl.cuda.timing) times the upload and replay
+        as "gpu_s" and the copies back as "d2h_s". Returns once the answers are there,
+        having slept (not spun) while the GPU worked."""
+        batch = self._host_batch
+        if batch > self.sizes[-1]:
+            return self._eager.act_on_host(clock)
+        size = self.sizes[bisect.bisect_left(self.sizes, batch)]
+        with clock.span("gpu_s"):
+            for key, static in self._obs.items():
+                static[:batch].copy_(self._host_obs[key][:batch], non_blocking=True)
+            self._rnn[:batch].copy_(self._host_rnn[:batch], non_blocking=True)
+            self._graphs[size].replay()
+        with clock.span("d2h_s"):
+            for host, out in zip(self._host_out, self._outputs[size]):
+                host[:batch].copy_(out[:batch], non_blocking=True)
+        self._answered.record()
+        self._answered.synchronize()
+        return ActOutput(*(host[:batch] for host in self._host_out))
 
 
 def pad_ladder(max_batch: int) -> List[int]:

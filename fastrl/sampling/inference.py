@@ -56,6 +56,21 @@ class PolicyCopy:
         return out
 
 
+    def host_inputs(self, batch: int):
+        """(obs, rnn_state) host tensors of `batch` rows to fill for `act_on_host`."""
+        return self._act.host_inputs(batch)
+
+    @torch.no_grad()
+    def act_on_host(self):
+        """act() on the rows `host_inputs` handed out, with the newest weights; the
+        outputs on the host, valid until the next call."""
+        self.refresh()
+        out = self._act.act_on_host(self.clock)
+        self.row.add("inference_batches", 1)
+        self.row.add("inference_samples", out.actions.shape[0])
+        return out
+
+
 class LocalPolicy(PolicyCopy):
     """Inference inside a rollout worker, on one split at a time."""
 

@@ -65,14 +65,15 @@ def _answer(cfg, ctx: SharedContext, policy: PolicyCopy, requests: list, timer: 
     its outputs written into the buffers and each worker told."""
     b, n = ctx.buffers, cfg.envs_per_split
     with timer("comm_s"):
-        obs = {k: torch.cat([v[buf, t] for (_, _, buf, t) in requests]) for k, v in b.obs.items()}
-        rnn = torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests])
-    with timer("busy_s"), policy.clock.span("gpu_s"):
-        out = policy.act(obs, rnn)
+        # Gathered straight into the inputs the runner hands out (pinned on a GPU).
+        obs, rnn = policy.host_inputs(len(requests) * n)
+        for k, v in b.obs.items():
+            torch.cat([v[buf, t] for (_, _, buf, t) in requests], out=obs[k])
+        torch.cat([ctx.rnn_states[w][s] for (w, s, _, _) in requests], out=rnn)
+    with timer("busy_s"):
+        actions, logp, values, rnn_out = policy.act_on_host()
     with timer("comm_s"):
-        with policy.clock.span("d2h_s"):
-            actions, logp, values, rnn_out = out.actions.cpu(), out.logp.cpu(), out.values.cpu(), out.rnn_state.cpu()
-        policy.clock.collect()  # the copies waited for the forward: both spans have ended
+        policy.clock.collect()  # act_on_host waited for the copies: both spans have ended
         for i, (w, s, buf, t) in enumerate(requests):
             rows = slice(i * n, (i + 1) * n)
             b.actions[buf, t] = actions[rows]
