@@ -4,9 +4,11 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
-from helpers import TESTS, TrainRun, make_experiment, read_summary
+from helpers import REPO, TESTS, TrainRun, make_experiment, read_summary
 
 from fastrl import enjoy
 from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint, save_checkpoint
@@ -83,6 +85,41 @@ def test_ctrl_c_stops_quickly_with_a_loadable_checkpoint(tmp_path):
     assert run.leftover_processes() == []
     assert run.new_shm_entries() == set()
     assert "stopped by SIGINT" in run.output()
+
+
+CHILD_SIGINT_SCRIPT = """
+import signal
+import sys
+
+from fastrl.plumbing.proc import start_process_server
+
+
+def sigint_handler_at_start(queue):
+    queue.put(repr(signal.getsignal(signal.SIGINT)))
+
+
+if __name__ == "__main__":
+    before = signal.getsignal(signal.SIGINT)
+    mp = start_process_server()
+    queue = mp.SimpleQueue()
+    child = mp.Process(target=sigint_handler_at_start, args=(queue,))
+    child.start()
+    child.join()
+    print(queue.get(), signal.getsignal(signal.SIGINT) is before, signal.pthread_sigmask(signal.SIG_BLOCK, []))
+"""
+
+
+def test_children_ignore_ctrl_c_from_their_first_instruction(tmp_path):
+    # A Ctrl-C reaches the whole group; a child that took it before init_child ran
+    # died with exit code 1, which the runner reported as a crash (and restarted
+    # from). The process server's children now start with SIGINT ignored, and the
+    # runner keeps its own handler and an empty signal mask.
+    script = tmp_path / "child_sigint.py"
+    script.write_text(CHILD_SIGINT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["<Handlers.SIG_IGN:", "1>", "True", "set()"], out.stdout
 
 
 def test_sigterm_to_the_runner_stops_everything(tmp_path):

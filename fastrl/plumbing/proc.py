@@ -33,7 +33,22 @@ def start_process_server():
     import multiprocessing.forkserver as forkserver
 
     forkserver.set_forkserver_preload(_PRELOAD)
-    forkserver.ensure_running()
+    # Ctrl-C reaches every process of the terminal's group. A child forked from the
+    # server starts with the server's SIGINT handler, Python's, and ignores SIGINT
+    # only once init_child runs; one hit in between (a Ctrl-C during start-up) died
+    # silently with exit code 1, which the runner took for a crash (and restarted
+    # from, with --max_restarts). Launched with SIGINT ignored, the server keeps it
+    # ignored (Python installs its handler only over the default action), and so
+    # does every child it forks. Meanwhile the runner blocks SIGINT too, so that a
+    # Ctrl-C during the launch stays pending for it rather than being dropped (Linux
+    # keeps a blocked signal pending whatever its action).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return multiprocessing.get_context("forkserver")
 
 
