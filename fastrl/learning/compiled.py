@@ -37,12 +37,14 @@ from typing import Optional
 
 import torch
 
-# `auto` compiles only image models with a GRU core, on a CPU. With a GRU the
-# unrolled loop is one graph to fuse, forward and backward. doom_basic's image
-# model has none (and no input z-score) and gained 0.87x, and its runs reach their
-# target in two minutes, during which the compile's CPU seconds would cost more
-# than the steps win back; a vector model's step takes a few ms. On a GPU it has
-# not been measured yet.
+# `auto` compiles only image models with a GRU core. With a GRU the unrolled loop
+# is one graph to fuse, forward and backward. doom_basic's image model has none
+# (and no input z-score) and gained 0.87x, and its runs reach their target in two
+# minutes, during which the compile's CPU seconds would cost more than the steps
+# win back; a vector model's step takes a few ms. On a GPU the eager step is the
+# host launching its kernels one by one: doom_battle's spans ~40 ms per 1,024
+# samples on an H200, and compiled it took 20 ms (compiled in 44 s in the
+# background on 16 cores; benchmarks/README.md, twenty-seventh session).
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
@@ -55,14 +57,14 @@ MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 
 
-def auto_compiles(images: bool, use_rnn: bool, device_type: str) -> bool:
-    """Whether `auto` tries the compile for this model and device."""
-    return images and use_rnn and device_type == "cpu"
+def auto_compiles(images: bool, use_rnn: bool) -> bool:
+    """Whether `auto` tries the compile for this model."""
+    return images and use_rnn
 
 
-def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bool:
+def will_compile(mode: str, images: bool, use_rnn: bool) -> bool:
     """Whether a learner in `mode` tries the compile at all."""
-    return mode == "on" or (mode == "auto" and auto_compiles(images, use_rnn, device_type))
+    return mode == "on" or (mode == "auto" and auto_compiles(images, use_rnn))
 
 
 def _short(err: BaseException) -> str:

@@ -226,8 +226,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
     if capped and announce:
         print(f"fastrl: the planner's profile hit its {PROFILE_CAP_S:.0f}-s cap: its numbers were taken under load "
               "(a busy machine), so the plan may fit a quiet one less well; it is not cached", flush=True)
-    ratio = compiled_costs.remembered_ratio(cfg, precision.learning, has_images(env.observation_space),
-                                            torch.device(resolve_device(cfg)).type)
+    ratio = compiled_costs.remembered_ratio(cfg, precision.learning, has_images(env.observation_space))
     if ratio is not None and ratio < 1:  # (1: the step stayed eager there, as profiled)
         costs = compiled_costs.at_ratio(costs, ratio)
         if announce:

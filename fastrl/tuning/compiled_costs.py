@@ -20,6 +20,9 @@ import dataclasses
 import json
 from typing import Optional
 
+import torch
+
+from fastrl.algo.model import resolve_device
 from fastrl.learning.compiled import will_compile
 from fastrl.tuning.profiling import MODEL_OPTIONS, cache_path, write_cache
 
@@ -30,8 +33,9 @@ SETUP_OPTIONS = (*MODEL_OPTIONS, "env", "doom_measurements", "doom_hud", "doom_s
 
 
 def _path(cfg, learning_precision: str) -> str:
+    # The device too: on a GPU machine a CPU run's ratio says nothing of a GPU run's.
     return cache_path({"learner_compile": {k: getattr(cfg, k) for k in SETUP_OPTIONS},
-                       "precision": learning_precision})
+                       "precision": learning_precision, "device": torch.device(resolve_device(cfg)).type})
 
 
 def remember(cfg, learning_precision: str, report: dict) -> None:
@@ -47,10 +51,10 @@ def remember(cfg, learning_precision: str, report: dict) -> None:
     write_cache(_path(cfg, learning_precision), {"ratio": ratio})
 
 
-def remembered_ratio(cfg, learning_precision: str, images: bool, device_type: str) -> Optional[float]:
+def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[float]:
     """The learner's step time over eager's that a run of this setup on this
     machine measured, or None: not measured yet, or a learner that will not compile."""
-    if not will_compile(cfg.compile_learner, images, cfg.use_rnn, device_type):
+    if not will_compile(cfg.compile_learner, images, cfg.use_rnn):
         return None
     try:
         with open(_path(cfg, learning_precision)) as fh:
