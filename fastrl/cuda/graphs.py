@@ -217,7 +217,6 @@ class GraphedPolicy:
         self._graphs[size].replay()
         return ActOutput(*(out[:batch].clone() for out in self._outputs[size]))
 
-
     def host_inputs(self, batch: int) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
         """Pinned host views of `batch` rows for the caller to fill before `act_on_host`;
         they stay valid until the next call of either."""

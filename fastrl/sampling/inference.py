@@ -55,7 +55,6 @@ class PolicyCopy:
         self.row.add("inference_samples", out.actions.shape[0])
         return out
 
-
     def host_inputs(self, batch: int):
         """(obs, rnn_state) host tensors of `batch` rows to fill for `act_on_host`."""
         return self._act.host_inputs(batch)
