@@ -91,18 +91,19 @@ wants bench && step bench 150 "$PY" -m fastrl.bench --env doom_battle --mode tra
 # GPU with the learner's) and their batching change the run, the rest of the layout
 # left to the planner: the plan's own choice, then 1 and 2 policy workers, and 1 that
 # waits 2 ms to gather a bigger batch, 1 beside a rollout worker on every other core
-# (pw1full), or those of LAYOUT_VARIANTS; on doom_battle and doom_defend_the_center
+# (pw1full), 2 beside one on each of the other cores (pw2full), or those of LAYOUT_VARIANTS; on doom_battle and doom_defend_the_center
 # (there not pw2 and pw1wait). The learner stays eager here: a compile would add
 # ~45 s to each run and its CPU to the first half of it (the `compile` step times it).
 if wants layouts; then
     for env in doom_battle doom_defend_the_center; do
-        for variant in plan pw1 pw2 pw1wait pw1full; do
+        for variant in plan pw1 pw2 pw1wait pw1full pw2full; do
             case $variant in
                 plan) extra=() ;; pw1) extra=(--num_policy_workers 1) ;; pw2) extra=(--num_policy_workers 2) ;;
                 pw1wait) extra=(--num_policy_workers 1 --inference_batch_wait_ms 2) ;;
                 pw1full) extra=(--num_policy_workers 1 --num_workers $(( WORKERS - 1 ))) ;;
+                pw2full) extra=(--num_policy_workers 2 --num_workers $(( WORKERS - 2 ))) ;;
             esac
-            [[ " ${LAYOUT_VARIANTS:-plan pw1 pw2 pw1wait pw1full} " == *" $variant "* ]] || continue
+            [[ " ${LAYOUT_VARIANTS:-plan pw1 pw2 pw1wait pw1full pw2full} " == *" $variant "* ]] || continue
             [ "$env" = doom_defend_the_center ] && [ "$variant" = pw2 -o "$variant" = pw1wait ] && continue
             step "layout_${env#doom_}_$variant" 90 "$PY" -m fastrl.bench --env $env --mode train --device cuda \
                 --seconds 15 --warmup 20 --with_wandb false --compile_learner off "${extra[@]}"
