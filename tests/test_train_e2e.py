@@ -89,7 +89,6 @@ def test_ctrl_c_stops_quickly_with_a_loadable_checkpoint(tmp_path):
 
 CHILD_SIGINT_SCRIPT = """
 import signal
-import sys
 
 from fastrl.plumbing.proc import start_process_server
 

@@ -50,10 +50,7 @@ class PolicyCopy:
     @torch.no_grad()
     def act(self, obs: dict, rnn_state: torch.Tensor):
         self.refresh()
-        out = self._act(obs, rnn_state)
-        self.row.add("inference_batches", 1)
-        self.row.add("inference_samples", out.actions.shape[0])
-        return out
+        return self._counted(self._act(obs, rnn_state))
 
     def host_inputs(self, batch: int):
         """(obs, rnn_state) host tensors of `batch` rows to fill for `act_on_host`."""
@@ -64,7 +61,10 @@ class PolicyCopy:
         """act() on the rows `host_inputs` handed out, with the newest weights; the
         outputs on the host, valid until the next call."""
         self.refresh()
-        out = self._act.act_on_host(self.clock)
+        return self._counted(self._act.act_on_host(self.clock))
+
+    def _counted(self, out):
+        """`out`, one forward's outputs, with the forward and its rows counted on the board."""
         self.row.add("inference_batches", 1)
         self.row.add("inference_samples", out.actions.shape[0])
         return out
