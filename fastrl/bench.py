@@ -362,7 +362,8 @@ def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, prog
     from fastrl.runtime.runner import Runner  # the runner pulls in every process module; env/infer modes do not need it
 
     runner = Runner(cfg, learn=learn)
-    compiles = learn and will_compile(cfg.compile_learner, has_images(runner.obs_space), cfg.use_rnn)
+    compiles = learn and will_compile(cfg.compile_learner, has_images(runner.obs_space), cfg.use_rnn,
+                                      torch.device(runner.device).type)
     window = _Window(warmup, seconds, progress, awaits_compile=compiles)
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the runner's own status lines would break the bar and the table

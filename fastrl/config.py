@@ -189,9 +189,11 @@ class Config:
                           "fp32 on CUDA, where bf16 is not measured yet. A saved auto is decided again on the machine that resumes or plays it.",
                           choices=("auto", "fp32", "bf16"))
     compile_learner: str = _opt("auto", "torch.compile the learner's re-run of the policy (the loss's forward and backward): "
-                                "auto = for image models with a GRU, compile it in the background while training "
+                                "auto = on a CPU, for image models with a GRU, compile it in the background while training "
                                 "eagerly, time real steps both ways and keep the faster (doom_battle's step: 0.78x "
-                                "eager's time in bf16 on a CPU, about half on an H200; benchmarks/README.md); on = use it once compiled; off = never.",
+                                "eager's time in bf16; benchmarks/README.md); on a GPU the 35-s compile stalls the "
+                                "learner and eager already outpaces 16 cores, so auto stays eager there; on = use it "
+                                "once compiled (about half eager's step on an H200); off = never.",
                                 choices=("auto", "on", "off"))
     learner_allocator: str = _opt("caching", "Where a CPU learner's large tensors (1 MB or more) come from: 'caching' keeps their "
                                   "blocks when freed and hands them to the next step (fastrl/plumbing/caching_allocator.py, "

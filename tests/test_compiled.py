@@ -108,6 +108,16 @@ def test_a_compile_that_fails_leaves_the_step_eager_and_says_why(monkeypatch):
     assert describe_compile(report).startswith("the learner's step stays eager: compiling failed (RuntimeError: no C++")
 
 
+def test_auto_compiles_image_models_with_a_gru_on_a_cpu_alone():
+    assert compiled_module.will_compile("auto", images=True, use_rnn=True, device_type="cpu")
+    # On a GPU the compile's stall costs more than the faster step wins back there.
+    assert not compiled_module.will_compile("auto", images=True, use_rnn=True, device_type="cuda")
+    assert compiled_module.will_compile("on", images=True, use_rnn=True, device_type="cuda")
+    assert not compiled_module.will_compile("auto", images=False, use_rnn=True, device_type="cpu")
+    assert not compiled_module.will_compile("auto", images=True, use_rnn=False, device_type="cpu")
+    assert not compiled_module.will_compile("off", images=True, use_rnn=True, device_type="cpu")
+
+
 @pytest.mark.parametrize("mode, auto_compiles", [("off", True), ("auto", False)])
 def test_no_compile_is_tried_where_none_is_wanted(monkeypatch, mode, auto_compiles):
     monkeypatch.setattr(compiled_module.torch, "compile", lambda fn: pytest.fail("compiled"))

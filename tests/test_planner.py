@@ -494,7 +494,7 @@ def test_the_plan_takes_the_learners_compiled_cost_once_a_run_of_the_setup_measu
     # Not for another arithmetic, nor for a learner that will not compile.
     assert consumption(precision=Precision("bf16", "bf16", "test")) == pytest.approx(before)
     assert consumption(dataclasses.replace(setup, compile_learner="off")) == pytest.approx(before)
-    # Nor for another device: a CPU run's ratio says nothing of a GPU run's on the same machine.
+    # Nor for a GPU run on the same machine (`auto` does not compile there; `on` keys its ratio by device).
     assert compiled_costs.remembered_ratio(setup, "fp32", images=True) == 0.5
     assert compiled_costs.remembered_ratio(dataclasses.replace(setup, device="cuda"), "fp32", images=True) is None
     # A run whose compile was slower, or failed, stayed eager: so will the next.

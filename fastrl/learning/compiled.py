@@ -37,14 +37,19 @@ from typing import Optional
 
 import torch
 
-# `auto` compiles only image models with a GRU core. With a GRU the unrolled loop
-# is one graph to fuse, forward and backward. doom_basic's image model has none
-# (and no input z-score) and gained 0.87x, and its runs reach their target in two
-# minutes, during which the compile's CPU seconds would cost more than the steps
-# win back; a vector model's step takes a few ms. On a GPU the eager step is the
-# host launching its kernels one by one: doom_battle's spans ~40 ms per 1,024
-# samples on an H200, and compiled it took 20 ms (compiled in 44 s in the
-# background on 16 cores; benchmarks/README.md, twenty-seventh session).
+# `auto` compiles only image models with a GRU core, on a CPU. With a GRU the
+# unrolled loop is one graph to fuse, forward and backward. doom_basic's image
+# model has none (and no input z-score) and gained 0.87x, and its runs reach their
+# target in two minutes, during which the compile's CPU seconds would cost more
+# than the steps win back; a vector model's step takes a few ms.
+# On a GPU the compiled step is faster (doom_defend_the_center on an H200: 15 ms
+# against eager's 29), but the compile is what costs: the eager GPU step is the
+# host launching kernels, holding the GIL, and the compiling thread's tracing
+# takes it away, so for the 35 s of the compile the learner trained 0-2,500
+# samples/s where it trains 20-25k, and the actors waited on it. Eager already
+# consumes faster than 16 cores produce (29 ms per 1,024 samples is ~140k env
+# frames/s), so the compiled step wins nothing there; `on` is for a GPU whose
+# learner is the limit (benchmarks/README.md, twenty-eighth session).
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
@@ -57,14 +62,14 @@ MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 
 
-def auto_compiles(images: bool, use_rnn: bool) -> bool:
-    """Whether `auto` tries the compile for this model."""
-    return images and use_rnn
+def auto_compiles(images: bool, use_rnn: bool, device_type: str) -> bool:
+    """Whether `auto` tries the compile for this model and device."""
+    return images and use_rnn and device_type == "cpu"
 
 
-def will_compile(mode: str, images: bool, use_rnn: bool) -> bool:
+def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bool:
     """Whether a learner in `mode` tries the compile at all."""
-    return mode == "on" or (mode == "auto" and auto_compiles(images, use_rnn))
+    return mode == "on" or (mode == "auto" and auto_compiles(images, use_rnn, device_type))
 
 
 def _short(err: BaseException) -> str:

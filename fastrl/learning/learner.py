@@ -80,7 +80,7 @@ class Learner:
         self.stager = BatchStager.for_device(self.device, self.clock)
         self.optimizer = FusedAdam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
-                                         auto_compiles(has_images(ctx.obs_space), cfg.use_rnn))
+                                         auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
         self.version = self.params.version
         self._hyper_epoch = 0  # the last change of hyperparameters taken (fastrl.plumbing.hyper)
         self.samples_trained = 0

@@ -54,7 +54,7 @@ def remember(cfg, learning_precision: str, report: dict) -> None:
 def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[float]:
     """The learner's step time over eager's that a run of this setup on this
     machine measured, or None: not measured yet, or a learner that will not compile."""
-    if not will_compile(cfg.compile_learner, images, cfg.use_rnn):
+    if not will_compile(cfg.compile_learner, images, cfg.use_rnn, torch.device(resolve_device(cfg)).type):
         return None
     try:
         with open(_path(cfg, learning_precision)) as fh:
