@@ -72,21 +72,54 @@ def test_policy_workers_when_inference_is_expensive_and_cores_many():
     assert plan.inference == "policy_worker"
 
 
+# doom_battle's costs as a 16-core H200 machine measured them (benchmarks/README.md):
+# an env step of 435 us a core, a CPU forward of 110-143 us a sample, the learner's
+# GPU step 28 us a sample, a GPU forward 60 us a sample at 16 and 1.5 us at 1,024.
+H200_DOOM = Costs(cores=16, env_s=435e-6, forward_s={16: 143e-6, 128: 110e-6}, train_s={1: 28e-6}, gpu=True,
+                  device_forward_s={16: 60e-6, 64: 16e-6, 256: 5e-6, 1024: 1.5e-6})
+
+
 def test_on_a_gpu_the_learner_and_policy_workers_are_costed_at_the_gpus_time():
-    # doom_battle's costs as a 16-core H200 machine measured them (benchmarks/README.md):
-    # an env step of 435 us a core, a CPU forward of 110-143 us a sample, the learner's
-    # GPU step 28 us a sample. Read as CPU costs, a 1-ms learner holds the run to a
-    # few workers; on the GPU it keeps up with nearly every core stepping envs, and
-    # their forwards go to a GPU policy worker rather than cost a third more per step.
-    cpu_forward = {16: 143e-6, 128: 110e-6}
-    gpu = Costs(cores=16, env_s=435e-6, forward_s=cpu_forward, train_s={1: 28e-6}, gpu=True,
-                device_forward_s={16: 60e-6, 64: 16e-6, 256: 5e-6, 1024: 1.5e-6})
+    # Read as CPU costs, a 1-ms learner holds the run to a few workers; on the GPU it
+    # keeps up with nearly every core stepping envs, and their forwards go to a GPU
+    # policy worker rather than cost a third more per step.
+    gpu = H200_DOOM
     doom = cfg(max_policy_lag=100, ppo_epochs=1)
     plan = choose(gpu, doom, explicit=set())
     assert plan.inference == "policy_worker" and plan.num_workers >= 12 and plan.learner_threads == 1
     as_cpu = choose(dataclasses.replace(gpu, gpu=False, train_s={1: 1e-3}), doom, explicit=set())
     assert as_cpu.num_workers <= 4
     assert plan.predicted["trained_steps_per_s"] > 10 * as_cpu.predicted["trained_steps_per_s"]
+
+
+def test_one_gpu_runs_every_policy_workers_forward_and_the_learners_steps_in_turn():
+    # Four policy workers at 12 x 8 each batch a quarter of the requests (a split of 4
+    # envs from every worker: 12 samples), and their forwards queue on the one GPU
+    # with the learner's steps: an H200 ran that layout at 60k env frames/s and one
+    # policy worker at 15 x 32 at 93k (twenty-seventh session). The model had them
+    # at 152k and 73k, as if each policy worker had a GPU of its own.
+    four = predict(H200_DOOM, 12, 8, "policy_worker", 4, 1, 1, 32, 1024)
+    one = predict(H200_DOOM, 15, 32, "policy_worker", 1, 1, 1, 32, 1024)
+    assert four["bottleneck"] == "gpu"
+    assert four["trained_steps_per_s"] == pytest.approx(1 / (60e-6 + 28e-6))  # forward(12) held at forward(16)'s
+    assert one["trained_steps_per_s"] > four["trained_steps_per_s"]
+    # A GPU policy worker sleeps while its forward runs: only its round trip takes a core.
+    assert one["cores_steps_per_s"] == pytest.approx(16 / (435e-6 + H200_DOOM.comm_s + 28e-6))
+    # Local actors leave the GPU to the learner: its bound is the learner's own.
+    local = predict(H200_DOOM, 8, 16, "local", 1, 1, 1, 32, 1024)
+    assert local["gpu_steps_per_s"] == pytest.approx(local["consumption_steps_per_s"])
+    assert local["bottleneck"] != "gpu"
+
+
+def test_policy_workers_share_the_requests_so_each_batches_a_part_of_them():
+    # 8 workers x 16 envs send a split of 8 envs each: 64 samples a round, 32 for
+    # each of two policy workers, each at forward(32)'s cost.
+    costs = Costs(cores=32, env_s=1e-6, forward_s={8: 4e-4, 16: 2e-4, 32: 1e-4, 64: 5e-5}, train_s={1: 1e-6},
+                  comm_s=0.0)
+    assert predict(costs, 8, 16, "policy_worker", 2, 1, 1, 32, 1024)["production_steps_per_s"] == pytest.approx(
+        2 / 1e-4)
+    assert predict(costs, 8, 16, "policy_worker", 1, 1, 1, 32, 1024)["production_steps_per_s"] == pytest.approx(
+        1 / 5e-5)
 
 
 def test_a_near_tie_goes_to_actors_that_outpace_the_learner():

@@ -10,14 +10,18 @@ The cost model, per agent step, in core-seconds measured by fastrl.tuning.profil
     comm     one policy-worker round trip per request (queues + copies), per sample
 Rates it predicts, in agent steps/s, for W rollout workers of E envs:
     TR_A (production)   local:        W / (env + forward(E))
-                        policy_worker: min(W / env, P / (forward(W*E/2) + comm))
+                        policy_worker: min(W / env, P / (forward(W*E/(2*P)) + comm))
     TR_L (consumption)  1 / (epochs * train[t])                  t = learner threads
     TR_C (the cores)    C / (env + forward + epochs * t * train[t] + comm)
     trained = min(TR_A, TR_L, TR_C)
+(P policy workers share the requests, so each one's batch is about a split of
+every worker over P.)
 On a GPU (Costs.gpu) the learner's train cost and a policy worker's forward are
-the GPU's wall seconds, timed on it: each of those processes keeps one core busy
-for as long (it launches the work and waits for it), so the same formulas hold
-with learner threads at 1, and local actors keep their CPU forward cost.
+the GPU's wall seconds, timed on it. The learner keeps one core busy for as long
+(its host launches the kernels one by one), so the formulas hold with learner
+threads at 1; a policy worker sleeps while its forward runs, so TR_C counts only
+its round trip (comm); local actors keep their CPU forward cost. And one GPU runs
+all of it in turn: TR_G = 1 / (forward(W*E/(2*P)) + epochs * train) bounds trained.
 TR_C is the limit when every process wants a core (processes > cores): then the
 layout only decides how little is wasted, and the workers' niceness (worker_nice)
 lets the kernel give the learner the share of the cores TR_C assumes. Lag: a
@@ -150,22 +154,26 @@ class Candidate(NamedTuple):
 
 
 def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, policies: int = 1,
-                     agents: int = 1) -> tuple:
+                     agents: int = 1, policy_workers: int = 1) -> tuple:
     """(forward, comm) per sample: a local worker acts on one split of its envs at a
-    time; a policy worker batches about one split of every worker. With several
-    policies a split is one policy's share, and each forward one policy's; with
-    several agents in a game, one agent's."""
+    time; a policy worker batches about one split of every worker, the requests
+    spread over the policy workers. With several policies a split is one policy's
+    share, and each forward one policy's; with several agents in a game, one agent's."""
     split = max(1, envs // splits_per_worker(inference, policies, agents))
     if inference == "local":
         return costs.forward(split), 0.0
-    return costs.policy_worker_forward(workers * split), costs.comm_s
+    return costs.policy_worker_forward(max(split, workers * split // policy_workers)), costs.comm_s
 
 
 def core_s_per_step(costs: Costs, workers: int, envs: int, inference: str, learner_threads: int, epochs: int,
-                    policies: int = 1, agents: int = 1) -> tuple:
+                    policies: int = 1, agents: int = 1, policy_workers: int = 1) -> tuple:
     """(the actors', the learner's) core-seconds per agent step of one layout: an env
-    step with its forward and round trip, and the learner's passes on all its threads."""
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
+    step with its forward and round trip, and the learner's passes on all its threads.
+    A GPU policy worker's forward takes no core: it sleeps on a CUDA event while the
+    GPU runs it (sampling/inference.py), its host work being the round trip."""
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents, policy_workers)
+    if costs.gpu and inference == "policy_worker":
+        forward = 0.0
     return costs.env_s + forward + comm, learner_threads * epochs * costs.train(learner_threads)
 
 
@@ -174,7 +182,7 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
     """Predicted rates (agent steps/s, all policies together) and lag of one layout;
     see the module doc. `agents`: learning agents per game (Config.agents_per_game);
     `ahead`: Config.max_batches_ahead (0: sampling and learning take turns)."""
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents)
+    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents, policy_workers)
     if inference == "local":
         production = workers / (costs.env_s + forward)
         processes = workers + policies
@@ -183,7 +191,9 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
         processes = workers + policy_workers + policies
     learn_wall = epochs * costs.train(learner_threads)
     consumption = policies / learn_wall
-    cores = costs.cores / (costs.env_s + forward + comm + learner_threads * learn_wall)
+    actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
+                                    policy_workers)
+    cores = costs.cores / (actors + learn)
     trained = min(production, consumption, cores)
     splits = splits_per_worker(inference, policies, agents)
     lag = workers * envs * rollout / (policies * batch) + 1
@@ -197,16 +207,32 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
     if ahead == 0:
         # Turns: a batch is sampled, then learned from, each with the cores to itself;
         # the slower of the two holds the larger share of the time.
-        sampling = min(production, costs.cores / (costs.env_s + forward + comm))
+        sampling = min(production, costs.cores / actors)
         trained = 1.0 / (1.0 / sampling + 1.0 / consumption)
         cores = trained  # not a bound of its own: the two never compete for the cores
         slowest = min(production, consumption)
-    if slowest == consumption:
+    gpu, gpu_bound = {}, False
+    if costs.gpu:
+        # One GPU runs every policy worker's forwards and every learner's steps, one
+        # CUDA context at a time, however many processes feed it: four policy workers
+        # at batches of ~12 held doom_defend_the_center to 60k env frames/s where one
+        # at ~240 made 93k (an H200, benchmarks/README.md, twenty-seventh session).
+        # Each learner's step counts whole (N learners' steps queue on it too), though
+        # an eager one leaves the GPU idle while its host launches kernels: the bound
+        # errs low.
+        device = 1.0 / ((forward if inference == "policy_worker" else 0.0) + learn_wall)
+        gpu = {"gpu_steps_per_s": device}
+        if device < trained:
+            trained = slowest = device
+            gpu_bound = True
+    if gpu_bound:
+        bottleneck = "gpu"
+    elif slowest == consumption:
         bottleneck = "learner"
     elif slowest == production:
         bottleneck = "inference" if inference == "policy_worker" and production < workers / costs.env_s else "env"
     else:  # every core is busy: name the part that takes most of them
-        shares = {"env": costs.env_s, "inference": forward + comm, "learner": learner_threads * learn_wall}
+        shares = {"env": costs.env_s, "inference": actors - costs.env_s, "learner": learn}
         bottleneck = max(shares, key=shares.get)
     return {
         "production_steps_per_s": production,
@@ -219,6 +245,7 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
         "policies": policies,
         # "turns": sampling and learning alternate (--max_batches_ahead 0); else they overlap.
         "schedule": "turns" if ahead == 0 else "overlapped",
+        **gpu,
     }
 
 
@@ -243,7 +270,8 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     learners = policies * learner_threads  # threads of all the learners
     if workers + pw + learners <= costs.cores or ahead == 0:
         return 0
-    actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents)
+    actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
+                                    max(1, pw))
     need = costs.cores * learn / (actors + learn)
     if learn <= actors and need / LEARNER_LOAD <= learners:
         need /= LEARNER_LOAD  # a cheap learner, idle at times: room, so that no batch waits for it
@@ -306,7 +334,7 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
         if p["production_steps_per_s"] >= OUTPACE * p["consumption_steps_per_s"]:
             return False
         actors, learn = core_s_per_step(costs, c.workers, c.envs, c.inference, c.learner_threads, cfg.ppo_epochs,
-                                        policies, agents)
+                                        policies, agents, c.policy_workers)
         return p["production_steps_per_s"] <= p["cores_steps_per_s"] or learn > actors
 
     # Among near-best layouts: first those whose actors outpace the learner. Two
