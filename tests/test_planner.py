@@ -96,8 +96,8 @@ def test_one_gpu_runs_every_policy_workers_forward_and_the_learners_steps_in_tur
     # Four policy workers at 12 x 8 each batch a quarter of the requests (a split of 4
     # envs from every worker: 12 samples), and their forwards queue on the one GPU
     # with the learner's steps: an H200 ran that layout at 60k env frames/s and one
-    # policy worker at 15 x 32 at 93k (twenty-seventh session). The model had them
-    # at 152k and 73k, as if each policy worker had a GPU of its own.
+    # policy worker at 15 x 32 at 93k (twenty-seventh session), where the model,
+    # as if each policy worker had a GPU of its own, had predicted 152k and 73k.
     four = predict(H200_DOOM, 12, 8, "policy_worker", 4, 1, 1, 32, 1024)
     one = predict(H200_DOOM, 15, 32, "policy_worker", 1, 1, 1, 32, 1024)
     assert four["bottleneck"] == "gpu"

@@ -271,7 +271,7 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     if workers + pw + learners <= costs.cores or ahead == 0:
         return 0
     actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
-                                    max(1, pw))
+                                    policy_workers)
     need = costs.cores * learn / (actors + learn)
     if learn <= actors and need / LEARNER_LOAD <= learners:
         need /= LEARNER_LOAD  # a cheap learner, idle at times: room, so that no batch waits for it
