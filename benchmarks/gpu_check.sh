@@ -10,8 +10,9 @@
 # Steps, in this order, all by default: tests precision bench battle planned dtc;
 # `layouts` (the policy workers' count and batching, on the bench) and `compile` (the
 # learner's step compiled) only when named.
-# SECONDS_PER_RUN (60), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT (fixed) set
-# the comparisons; FASTRL_EXTRA adds fastrl.train options to fastrl's side alone (say
+# SECONDS_PER_RUN (60), ROUNDS (1), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT
+# (fixed) set the comparisons (Sample Factory's rate moved by a third between two
+# one-round calls on one machine: two rounds say more); FASTRL_EXTRA adds fastrl.train options to fastrl's side alone (say
 # "--num_workers 15 --num_envs_per_worker 32 --num_policy_workers 1" against SF at
 # WORKERS x ENVS).
 #
@@ -67,7 +68,7 @@ TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 STEPS=${*:-tests precision bench battle planned dtc}
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 # FASTRL_LAYOUT=planned lets fastrl's planner choose its layout against SF's (WORKERS x ENVS).
-VS=(benchmarks/vs_sample_factory.py --device cuda --rounds 1 --seconds "$SECONDS_PER_RUN" --skip 20
+VS=(benchmarks/vs_sample_factory.py --device cuda --rounds "${ROUNDS:-1}" --seconds "$SECONDS_PER_RUN" --skip 20
     --num_workers "$WORKERS" --num_envs_per_worker "${ENVS:-8}" --fastrl_inference policy_worker
     --fastrl_layout "${FASTRL_LAYOUT:-fixed}" --fastrl_extra "${FASTRL_EXTRA:-}"
     --venv $SF_VENV --sf_torch "torch==$TORCH_VERSION" --train_dir /tmp/vs_sf)
@@ -123,7 +124,7 @@ wants compile && step compile 180 "$PY" -m fastrl.bench --env doom_battle --mode
 # fastrl against Sample Factory on doom_battle, both on the GPU, one rollout worker
 # per core and one GPU inference process on each side.
 if wants battle; then
-    step vs_sf_battle $(( 2 * SECONDS_PER_RUN + 150 )) "$PY" "${VS[@]}" --scenario battle --env_check_seconds 10 \
+    step vs_sf_battle $(( ${ROUNDS:-1} * (2 * SECONDS_PER_RUN + 90) + 60 )) "$PY" "${VS[@]}" --scenario battle --env_check_seconds 10 \
         --json "$OUT/vs_sf_battle.json"
     runs_tail vs_sf_battle
 fi
@@ -135,7 +136,7 @@ wants planned && step planned $(( SECONDS_PER_RUN + 90 )) "$PY" -m fastrl.train 
 
 # doom_defend_the_center, the same scenario file on both sides.
 if wants dtc; then
-    step vs_sf_dtc $(( 2 * SECONDS_PER_RUN + 120 )) "$PY" "${VS[@]}" --scenario defend_the_center \
+    step vs_sf_dtc $(( ${ROUNDS:-1} * (2 * SECONDS_PER_RUN + 90) + 30 )) "$PY" "${VS[@]}" --scenario defend_the_center \
         --env_check_seconds 0 --json "$OUT/vs_sf_dtc.json"
     runs_tail vs_sf_dtc
 fi
