@@ -101,6 +101,8 @@ def test_one_gpu_runs_every_policy_workers_forward_and_the_learners_steps_in_tur
     four = predict(H200_DOOM, 12, 8, "policy_worker", 4, 1, 1, 32, 1024)
     one = predict(H200_DOOM, 15, 32, "policy_worker", 1, 1, 1, 32, 1024)
     assert four["bottleneck"] == "gpu"
+    plan = Plan(12, 8, "policy_worker", 4, 1, 16, predicted=four)
+    assert f"GPU {four['gpu_steps_per_s'] * 4:,.0f}; gpu-bound)" in describe(plan, 4)
     assert four["trained_steps_per_s"] == pytest.approx(1 / (60e-6 + 28e-6))  # forward(12) held at forward(16)'s
     assert one["trained_steps_per_s"] > four["trained_steps_per_s"]
     # A GPU policy worker sleeps while its forward runs: only its round trip takes a core.

@@ -43,6 +43,31 @@ import torch.distributed as dist
 from fastrl.plumbing.ranks import Rank
 from fastrl.plumbing.stats_board import BoardRow, Timer
 
+# How long a learner waits in a collective before it looks at its signals again.
+WAIT_SLICE = datetime.timedelta(seconds=0.2)
+
+
+def _wait_taking_signals(work) -> None:
+    """Wait for a collective in slices, running this process's signal handlers
+    between them; raise its error, if it had one.
+
+    A thread blocked in one whole wait runs no Python signal handler: a learner
+    whose peer died without Gloo noticing (it was stopped by SIGSTOP as the peer
+    went) ignored its runner's SIGTERM until the collective's 60-s timeout and
+    outlived torchrun (tests/test_distributed.py, 2 of 5 runs). A slice that ends
+    first raises without cancelling the work, and the next picks it up; one that
+    ends with the work wakes at once, so the all-reduce costs what a blocking one
+    does (2.09-2.15 against 2.18-2.61 ms on loopback, 2 processes on 2 cores,
+    where polling it every 0.1 ms looked 12% slower in a 2-rank CartPole run).
+    Gloo only: NCCL's wait with a timeout aborts the communicator when it runs out."""
+    while True:
+        try:
+            work.wait(WAIT_SLICE)
+            return
+        except RuntimeError:
+            if work.is_completed():  # finished, with an error: raise it
+                raise
+
 
 class PeerError(RuntimeError):
     """The other ranks could not be reached, or they disagree; the message says what to do."""
@@ -114,7 +139,10 @@ class Peers:
     def _all_reduce(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         with self._timer("sync_s"):
             try:
-                dist.all_reduce(tensor)
+                if dist.get_backend() == "gloo":
+                    _wait_taking_signals(dist.all_reduce(tensor, async_op=True))
+                else:  # NCCL: a wait with a timeout that runs out aborts its communicator
+                    dist.all_reduce(tensor)
             except RuntimeError as err:
                 raise self._lost(what, err) from None
         return tensor

@@ -579,7 +579,11 @@ class Runner:
             self.eval_abandon.set()
         self.ctx.stop.set()
         continue_descendants()
-        deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if is_learner(p.name) else JOIN_TIMEOUT_S)
+        # Only a learner that writes the final checkpoint gets the long wait: another
+        # rank's learner writes none, and one stuck in a collective with a dead rank
+        # would otherwise hold this rank past torchrun's patience.
+        saves = self.rank.main
+        deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if is_learner(p.name) and saves else JOIN_TIMEOUT_S)
                     for p in self.processes}
         for p in self.processes:
             if p is not self.evaluator:

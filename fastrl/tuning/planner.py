@@ -378,6 +378,8 @@ def describe(plan: Plan, frameskip: int) -> str:
     nice = f", workers at nice {plan.worker_nice}" if plan.worker_nice else ""
     cores = ("sampling and learning in turns" if p.get("schedule") == "turns"
              else f"cores {p['cores_steps_per_s'] * frameskip:,.0f}")
+    if "gpu_steps_per_s" in p:
+        cores += f", GPU {p['gpu_steps_per_s'] * frameskip:,.0f}"
     return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; "
             f"predicted {p['trained_steps_per_s'] * frameskip:,.0f} env frames/s trained "
             f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
