@@ -20,7 +20,9 @@
 # faster-fifo 1.5.2, gymnasium 1.x, setproctitle, cloudpickle, farama-notifications) and
 # .whl/sf (sample-factory 2.1.1, numpy<2, gymnasium<1, tensorboardx, colorlog,
 # signal-slot-mp<2), fetched with `pip download --only-binary=:all: --platform ...`
-# for the machine's Python. Sample Factory pins numpy<2 and gymnasium<1, fastrl wants
+# for the machine's Python (../shared/tools/gpu-wheels.sh all); `python
+# benchmarks/slim_sf_wheel.py .whl/sf/sample_factory-*.whl` then lets both sets travel
+# in one call. Sample Factory pins numpy<2 and gymnasium<1, fastrl wants
 # gymnasium 1.x: each set goes into its own folder, and SF's interpreter is a
 # two-line wrapper that puts its folder first. Where .whl/ is absent the packages
 # must be installed already (and --sf_venv given to vs_sample_factory.py instead).
