@@ -12,9 +12,9 @@
 # learner's step compiled) only when named.
 # SECONDS_PER_RUN (60), ROUNDS (1), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT
 # (fixed) set the comparisons (Sample Factory's rate moved by a third between two
-# one-round calls on one machine: two rounds say more); FASTRL_EXTRA adds fastrl.train options to fastrl's side alone (say
-# "--num_workers 15 --num_envs_per_worker 32 --num_policy_workers 1" against SF at
-# WORKERS x ENVS).
+# one-round calls on one machine: two rounds say more); FASTRL_EXTRA adds
+# fastrl.train options to fastrl's side alone (say "--num_workers 15
+# --num_envs_per_worker 32 --num_policy_workers 1" against SF at WORKERS x ENVS).
 #
 # Wheels: where the machine has no registry, carry them in .whl/fastrl (vizdoom 1.3.2,
 # faster-fifo 1.5.2, gymnasium 1.x, setproctitle, cloudpickle, farama-notifications) and
@@ -96,8 +96,9 @@ wants bench && step bench 150 "$PY" -m fastrl.bench --env doom_battle --mode tra
 # GPU with the learner's) and their batching change the run, the rest of the layout
 # left to the planner: the plan's own choice, then 1 and 2 policy workers, and 1 that
 # waits 2 ms to gather a bigger batch, 1 beside a rollout worker on every other core
-# (pw1full), 2 beside one on each of the other cores (pw2full), or those of LAYOUT_VARIANTS; on doom_battle and doom_defend_the_center
-# (there not pw2 and pw1wait). The learner stays eager here: a compile would add
+# (pw1full), 2 beside one on each of the other cores (pw2full), or those of
+# LAYOUT_VARIANTS; on doom_battle and doom_defend_the_center (there not pw2 and
+# pw1wait). The learner stays eager here: a compile would add
 # ~45 s to each run and its CPU to the first half of it (the `compile` step times it).
 if wants layouts; then
     for env in doom_battle doom_defend_the_center; do
