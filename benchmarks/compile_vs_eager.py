@@ -13,11 +13,16 @@ compiled calls took (paid at every launch without a warm inductor cache).
 
 Parts: `conv` the image encoder's conv and FC stacks, `gru` the GRU step the
 learner unrolls over time, `evaluate` the whole re-run of the policy over a
-trajectory batch (encoder, unrolled GRU, heads) that the loss differentiates.
+trajectory batch (encoder, unrolled GRU, heads) that the loss differentiates,
+`loss` that and the loss on it (V-trace, the PPO terms: what a vector model's
+step mostly is). `--env` takes any env, its presets applied as the trainer
+applies them.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import os
 import sys
 import time
@@ -31,6 +36,8 @@ from fastrl.envs.registry import get_spec  # noqa: E402
 from fastrl.algo import model as model_module  # noqa: E402
 from fastrl.algo.model import Precision  # noqa: E402
 from fastrl.config import parse_args  # noqa: E402
+from fastrl.learning.learner import _time_limits, gradient_step, trajectory_loss  # noqa: E402
+from fastrl.presets import preset_for_spaces  # noqa: E402
 from fastrl.tuning.profiling import ModelBench, time_interleaved  # noqa: E402
 
 EAGER_GRU_STEP = model_module.gru_step
@@ -44,8 +51,8 @@ def compile_part(model, part: str) -> None:
                 encoder.conv, encoder.fc = torch.compile(encoder.conv), torch.compile(encoder.fc)
     elif part == "evaluate":
         model.evaluate = torch.compile(model.evaluate)
-    elif part != "gru":
-        raise SystemExit(f"compile_vs_eager.py: unknown part {part!r}; choose conv, gru or evaluate.")
+    elif part not in ("gru", "loss"):
+        raise SystemExit(f"compile_vs_eager.py: unknown part {part!r}; choose conv, gru, evaluate or loss.")
 
 
 def with_compiled_gru(fn, compiled_step):
@@ -68,6 +75,12 @@ def calls_for(cfg, obs_space, action_space, precision: str, part: str | None, fo
         compile_part(bench.learner, part)
         compile_part(bench.actor, part)
     calls = {"train": bench.train, "forward": bench.forward_call(forward_batch)}
+    if part == "loss":
+        # The time limits run eagerly between the loss's two graphs: compiled, their
+        # data-dependent indexing would recompile for every count of cut episodes.
+        loss = torch.compile(functools.partial(trajectory_loss, time_limits=torch.compiler.disable(_time_limits)))
+        mb = bench.minibatch
+        calls["train"] = lambda: gradient_step(cfg, bench.learner, bench.optimizer, mb, mb["valid"], loss=loss)
     if part == "gru":
         compiled_step = torch.compile(EAGER_GRU_STEP)
         calls = {name: with_compiled_gru(fn, compiled_step) for name, fn in calls.items()}
@@ -86,6 +99,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     cfg, _ = parse_args(["--env", args.env])
     obs_space, action_space = get_spec(cfg.env).spaces()
+    cfg = dataclasses.replace(cfg, **preset_for_spaces(cfg.env, obs_space, action_space))
     print(f"compile_vs_eager: {args.env}, {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"1 thread; learner step on {cfg.batch_size} samples, actor forward on {args.forward_batch}", flush=True)
     for precision in args.precisions:

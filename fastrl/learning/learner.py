@@ -338,27 +338,37 @@ def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_la
     return lag_t, (lag_t <= max_policy_lag).float()
 
 
-def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: Optional[Peers] = None):
+def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: Optional[Peers] = None,
+                  loss=None):
     """One APPO gradient step on a time-major minibatch (the learner's, and what the
     profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
-    loss or gradient was not finite and the step was skipped.
+    loss or gradient was not finite and the step was skipped. `loss` computes the
+    loss as trajectory_loss does (benchmarks/compile_vs_eager.py passes a compiled one).
 
     With `peers` (a multi-rank run) every rank calls it at once: the gradient becomes
     the mean over every rank's valid samples before it is clipped, the skip is every
     rank's if the loss was not finite on any, and the return normaliser takes in every
     rank's targets; so each rank takes the same step."""
+    out = (loss or trajectory_loss)(cfg, model, mb, valid)
+    return _descend(cfg, model, optimizer, out, valid, peers)
+
+
+def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None):
+    """appo_loss of a time-major minibatch under the model's weights now: the
+    forward whose backward a gradient step takes. `time_limits` stands in for
+    _time_limits (a compiled loss passes it wrapped to run eagerly: which steps a
+    time limit cut is known only from the data)."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
     value_mean, value_std = model.value_scale()
-    terminated, truncated, v_final = _time_limits(cfg, model, mb, ev)
-    out = appo_loss(
+    terminated, truncated, v_final = (time_limits or _time_limits)(cfg, model, mb, ev)
+    return appo_loss(
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
         r_t=learned_rewards(cfg, mb["rewards"]), terminated_t=terminated.float(),
         truncated_t=truncated.float(), v_final_t=v_final, entropy_t=ev.entropy,
         valid_t=valid, exploration_t=ev.uniform_kl, value_mean=value_mean, value_std=value_std,
         **_trace_settings(cfg), **_loss_settings(cfg, mb["behaviour_value"]),
     )
-    return _descend(cfg, model, optimizer, out, valid, peers)
 
 
 def _trace_settings(cfg) -> dict:
