@@ -266,3 +266,19 @@ def test_shape_errors():
         bootstrap_truncation(good, short, good, 0.9)
     with pytest.raises(ValueError, match="must be"):
         episode_discounts(good, torch.zeros(5, 3, 1), 0.9)
+
+
+@pytest.mark.parametrize("steps, batch", [(1, 3), (7, 5), (32, 8)])
+def test_the_backward_recurrence_is_the_step_by_step_loop(steps, batch):
+    # The solve stands in for a loop over time; a rollout of one step and episode
+    # ends (coefficient 0) included.
+    from fastrl.algo.vtrace import _backward_accumulate
+
+    gen = torch.Generator().manual_seed(steps)
+    x = torch.randn(steps, batch, generator=gen)
+    coef = torch.rand(steps, batch, generator=gen) * (torch.rand(steps, batch, generator=gen) > 0.2)
+    acc, expected = torch.zeros(batch), torch.empty(steps, batch)
+    for t in reversed(range(steps)):
+        acc = x[t] + coef[t] * acc
+        expected[t] = acc
+    torch.testing.assert_close(_backward_accumulate(x, coef), expected, rtol=1e-6, atol=1e-6)
