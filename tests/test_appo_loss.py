@@ -307,3 +307,15 @@ def test_appo_shape_errors():
         appo_loss(**dict(b, r_t=b["r_t"][:-1]), **HPARAMS)
     with pytest.raises(ValueError, match="all inputs must be"):
         ppo_clip_policy_loss(torch.zeros(3), torch.zeros(3), 0.2, torch.ones(3))
+
+
+def test_appo_without_statistics_is_the_same_loss_and_gradient():
+    # The learner computes the logging statistics only on a step it reports.
+    b = batch(6)
+    full, bare = appo_loss(**b, **HPARAMS), appo_loss(**b, **HPARAMS, stats=False)
+    torch.testing.assert_close(bare.total, full.total)
+    torch.testing.assert_close(bare.vs_tm1, full.vs_tm1)
+    for g_full, g_bare in zip(grads(full.total, b["logp_t"], b["values"]), grads(bare.total, b["logp_t"], b["values"])):
+        torch.testing.assert_close(g_bare, g_full)
+    assert all(getattr(bare, name) is None for name in STAT_FIELDS)
+    assert all(torch.isfinite(getattr(full, name)) for name in STAT_FIELDS if name != "explained_variance")

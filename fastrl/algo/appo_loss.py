@@ -5,7 +5,7 @@ sample (1 = use it, 0 = dropped, e.g. its policy lag is past max_policy_lag);
 every mean here is the masked mean sum(x * valid) / max(sum(valid), 1).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -20,15 +20,15 @@ def _masked_mean(x, valid_t):
 
 class PolicyLoss(NamedTuple):
     loss: torch.Tensor  # scalar, with grad
-    clip_fraction: torch.Tensor  # scalar, detached
+    clip_fraction: Optional[torch.Tensor]  # scalar, detached; None when not asked for
 
 
-def ppo_clip_policy_loss(log_ratio_t, advantage_t, clip_ratio, valid_t):
+def ppo_clip_policy_loss(log_ratio_t, advantage_t, clip_ratio, valid_t, clip_fraction=True):
     """PPO clipped surrogate (Schulman et al. 2017), to be minimized.
 
         ratio_t = exp(log_ratio_t)
         loss = -mean(min(ratio_t * A_t, clamp(ratio_t, 1 - clip, 1 + clip) * A_t))
-        clip_fraction = mean(|ratio_t - 1| > clip)
+        clip_fraction = mean(|ratio_t - 1| > clip)   (None with clip_fraction=False)
 
     The gradient flows through `log_ratio_t`; `advantage_t` is treated as a constant.
     """
@@ -39,9 +39,11 @@ def ppo_clip_policy_loss(log_ratio_t, advantage_t, clip_ratio, valid_t):
     ratio_t = torch.exp(log_ratio_t)
     advantage_t = advantage_t.detach()
     surrogate_t = torch.min(ratio_t * advantage_t, ratio_t.clamp(1 - clip_ratio, 1 + clip_ratio) * advantage_t)
+    loss = -_masked_mean(surrogate_t, valid_t)
+    if not clip_fraction:
+        return PolicyLoss(loss, None)
     with torch.no_grad():
-        clip_fraction = _masked_mean(((ratio_t - 1).abs() > clip_ratio).to(ratio_t.dtype), valid_t)
-    return PolicyLoss(-_masked_mean(surrogate_t, valid_t), clip_fraction)
+        return PolicyLoss(loss, _masked_mean(((ratio_t - 1).abs() > clip_ratio).to(ratio_t.dtype), valid_t))
 
 
 def value_loss(v_tm1, target_tm1, valid_t, old_v_tm1=None, clip_value=None):
@@ -98,7 +100,8 @@ def _approx_kl(log_ratio_t, valid_t):
 
 
 class APPOLoss(NamedTuple):
-    """`total` carries the gradient; the rest are detached 0-d tensors for logging.
+    """`total` carries the gradient; the rest are detached 0-d tensors for logging,
+    or None when the loss was computed without its statistics (stats=False).
 
     Stats stay tensors: calling .item() here would force a device sync every step.
     """
@@ -145,6 +148,7 @@ def appo_loss(
     value_std=1.0,
     behaviour_v_tm1=None,
     value_clip=None,
+    stats=True,
 ):
     """The learner's loss for one batch of trajectories.
 
@@ -178,6 +182,8 @@ def appo_loss(
 
     A sample with valid_t = 0 is left out of every mean and cuts the trace
     (rho = c = 0), so its reward, flags and log-probs reach no other sample.
+
+    stats=False leaves out the logging statistics (see loss_on_targets).
     """
     check_time_major(
         logp_t=logp_t, behaviour_logp_t=behaviour_logp_t, r_t=r_t, terminated_t=terminated_t,
@@ -197,7 +203,7 @@ def appo_loss(
         log_ratio_t, values[:-1], returns.vs_tm1, returns.pg_advantage_t, entropy_t, valid_t,
         clip_ratio=clip_ratio, value_coef=value_coef, entropy_coef=entropy_coef, normalize_adv=normalize_adv,
         exploration_t=exploration_t, value_mean=value_mean, value_std=value_std,
-        behaviour_v_tm1=behaviour_v_tm1, value_clip=value_clip,
+        behaviour_v_tm1=behaviour_v_tm1, value_clip=value_clip, stats=stats,
     )
 
 
@@ -223,16 +229,21 @@ def vtrace_targets(raw_values, log_ratio_t, r_t, terminated_t, truncated_t, v_fi
 
 def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid_t, *, clip_ratio, value_coef,
                     entropy_coef, normalize_adv, exploration_t=None, value_mean=0.0, value_std=1.0,
-                    behaviour_v_tm1=None, value_clip=None):
+                    behaviour_v_tm1=None, value_clip=None, stats=True):
     """appo_loss once its targets are known: PPO-clip on `pg_advantage_t`, the
     value loss of `v_tm1` (the model's normalised values, with grad) onto `vs_tm1`
     (return units), and the exploration term. Inputs are [T, B]; a minibatch of
-    single samples is [1, N]."""
+    single samples is [1, N].
+
+    With stats=False the logging statistics (every field but `total` and `vs_tm1`)
+    are None: the learner reports them once a second, and for a small model their
+    ~40 small ops and their share of the backward's bookkeeping are ~12% of a step
+    (Pendulum-v1, CartPole-v1, LunarLander-v3: 0.87-0.89x without them)."""
     check_time_major(log_ratio_t=log_ratio_t, v_tm1=v_tm1, vs_tm1=vs_tm1, pg_advantage_t=pg_advantage_t,
                      entropy_t=entropy_t, valid_t=valid_t)
     valid_t = valid_t.to(vs_tm1.dtype)
     adv_t = normalize_advantages(pg_advantage_t, valid_t) if normalize_adv else pg_advantage_t
-    policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t)
+    policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t, clip_fraction=stats)
     value = value_loss(v_tm1, (vs_tm1 - value_mean) / value_std, valid_t,
                        old_v_tm1=behaviour_v_tm1, clip_value=value_clip)
     entropy = entropy_loss(entropy_t, valid_t)
@@ -242,6 +253,8 @@ def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid
         check_time_major(exploration_t=exploration_t, valid_t=valid_t)
         exploration = _masked_mean(exploration_t, valid_t)
     total = policy.loss + value_coef * value + entropy_coef * exploration
+    if not stats:
+        return APPOLoss(total=total, vs_tm1=vs_tm1, **dict.fromkeys(STAT_FIELDS))
 
     with torch.no_grad():
         adv_mean = _masked_mean(pg_advantage_t, valid_t)

@@ -244,7 +244,8 @@ class Learner:
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
         self.compiled.before_step(mb)
         start = time.perf_counter()
-        out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers)
+        out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers,
+                                       stats=self._metrics_due())
         self.compiled.after_step(time.perf_counter() - start)
         report = self.compiled.take_report()
         if report is not None and self.policy == 0:  # every policy's learner decides alike; one says it
@@ -255,7 +256,8 @@ class Learner:
         self._stepped(out, grad_norm)
 
     def _sample_step(self, samples: dict) -> None:
-        self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers))
+        self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers,
+                                            stats=self._metrics_due()))
 
     def _stepped(self, out, grad_norm) -> None:
         """After a gradient step: count a skipped one (not finite), or note its metrics."""
@@ -263,7 +265,8 @@ class Learner:
             self._skip_nonfinite()
             return
         self._nonfinite_in_a_row = 0
-        self._note_metrics(out, grad_norm)
+        if out.approx_kl is not None:  # a step that computed its statistics: _metrics_due said so
+            self._note_metrics(out, grad_norm)
 
     def _take_hyper(self) -> None:
         """Take the hyperparameters population-based training gave this policy since
@@ -301,11 +304,13 @@ class Learner:
         self.row.set("lag_p90", float(np.percentile(lag_np, 90)))
         self.row.add("samples_dropped", float((1.0 - valid).sum()))
 
+    def _metrics_due(self) -> bool:
+        """Whether the next gradient step computes the loss's statistics, which the
+        learner reports once every METRICS_EVERY_S."""
+        return time.time() - self._last_metrics >= METRICS_EVERY_S
+
     def _note_metrics(self, out, grad_norm) -> None:
-        now = time.time()
-        if now - self._last_metrics < METRICS_EVERY_S:
-            return
-        self._last_metrics = now
+        self._last_metrics = time.time()
         metrics = {name: float(getattr(out, name)) for name in STAT_FIELDS}
         metrics.update(loss=out.total.item(), grad_norm=grad_norm.item(), lr=self.optimizer.param_groups[0]["lr"],
                        learner_steps=self.version)
@@ -339,21 +344,22 @@ def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_la
 
 
 def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: Optional[Peers] = None,
-                  loss=None):
+                  loss=None, stats: bool = True):
     """One APPO gradient step on a time-major minibatch (the learner's, and what the
     profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
     loss or gradient was not finite and the step was skipped. `loss` computes the
-    loss as trajectory_loss does (benchmarks/compile_vs_eager.py passes a compiled one).
+    loss as trajectory_loss does (benchmarks/compile_vs_eager.py passes a compiled one);
+    stats=False leaves the loss's logging statistics out (None).
 
     With `peers` (a multi-rank run) every rank calls it at once: the gradient becomes
     the mean over every rank's valid samples before it is clipped, the skip is every
     rank's if the loss was not finite on any, and the return normaliser takes in every
     rank's targets; so each rank takes the same step."""
-    out = (loss or trajectory_loss)(cfg, model, mb, valid)
+    out = (loss or trajectory_loss)(cfg, model, mb, valid, stats=stats)
     return _descend(cfg, model, optimizer, out, valid, peers)
 
 
-def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None):
+def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None, stats: bool = True):
     """appo_loss of a time-major minibatch under the model's weights now: the
     forward whose backward a gradient step takes. `time_limits` stands in for
     _time_limits (a compiled loss passes it wrapped to run eagerly: which steps a
@@ -366,7 +372,7 @@ def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None)
         logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
         r_t=learned_rewards(cfg, mb["rewards"]), terminated_t=terminated.float(),
         truncated_t=truncated.float(), v_final_t=v_final, entropy_t=ev.entropy,
-        valid_t=valid, exploration_t=ev.uniform_kl, value_mean=value_mean, value_std=value_std,
+        valid_t=valid, exploration_t=ev.uniform_kl, value_mean=value_mean, value_std=value_std, stats=stats,
         **_trace_settings(cfg), **_loss_settings(cfg, mb["behaviour_value"]),
     )
 
@@ -448,10 +454,10 @@ def flat_samples(batch: dict, valid: torch.Tensor) -> dict:
     }
 
 
-def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[Peers] = None):
+def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[Peers] = None, stats: bool = True):
     """One gradient step on single samples (flat_samples' rows) whose targets were
     computed over their whole trajectories; the loss is appo_loss's on those
-    targets, as one row [1, N]. Returns what gradient_step does."""
+    targets, as one row [1, N]. Returns what gradient_step does (stats: as there)."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     logp, entropy, values, uniform_kl = model.evaluate_samples(samples["obs"], samples["actions"], symmetric_kl)
     value_mean, value_std = model.value_scale()
@@ -460,7 +466,7 @@ def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[P
         (logp - samples["behaviour_logp"]).unsqueeze(0), values.unsqueeze(0), row["vs"], row["pg_advantage"],
         entropy.unsqueeze(0), row["valid"],
         exploration_t=uniform_kl.unsqueeze(0) if uniform_kl is not None else None,
-        value_mean=value_mean, value_std=value_std, **_loss_settings(cfg, row["behaviour_value"]),
+        value_mean=value_mean, value_std=value_std, stats=stats, **_loss_settings(cfg, row["behaviour_value"]),
     )
     return _descend(cfg, model, optimizer, out, row["valid"], peers)
 

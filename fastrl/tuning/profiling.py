@@ -434,8 +434,9 @@ class ModelBench:
         return call
 
     def train(self) -> None:
-        """One learner gradient step on the minibatch."""
-        gradient_step(self.cfg, self.learner, self.optimizer, self.minibatch, self.minibatch["valid"])
+        """One learner gradient step on the minibatch, as the learner takes most of
+        them: without the loss's logging statistics (it reports them once a second)."""
+        gradient_step(self.cfg, self.learner, self.optimizer, self.minibatch, self.minibatch["valid"], stats=False)
         self._sync()
 
 
