@@ -68,7 +68,10 @@ def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str, 
            "-m", "fastrl.train", "--env", env, "--seed", str(seed), "--train_dir", train_dir,
            "--experiment", experiment, "--status_every_seconds", "2", *options]
     loopback = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # ranks on one machine talk over loopback
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=loopback)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=loopback)
+    if out.returncode != 0:  # the run's own words say why; torchrun's summary alone does not
+        tail = "\n".join((out.stdout + out.stderr).splitlines()[-40:])
+        raise SystemExit(f"scale_out.py: {' '.join(cmd[2:])} exited {out.returncode}; its last lines:\n{tail}")
     lines = [m for m in map(STATUS.match, out.stdout.splitlines()) if m]
     training = [(float(m.group(2).replace(",", "")), float(m.group(3).replace(",", ""))) for m in lines
                 if float(m.group(3).replace(",", "")) > 0][1:]  # the first window straddles the start of training
