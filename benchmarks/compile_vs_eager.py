@@ -80,7 +80,8 @@ def calls_for(cfg, obs_space, action_space, precision: str, part: str | None, fo
         # data-dependent indexing would recompile for every count of cut episodes.
         loss = torch.compile(functools.partial(trajectory_loss, time_limits=torch.compiler.disable(_time_limits)))
         mb = bench.minibatch
-        calls["train"] = lambda: gradient_step(cfg, bench.learner, bench.optimizer, mb, mb["valid"], loss=loss)
+        calls["train"] = lambda: gradient_step(cfg, bench.learner, bench.optimizer, mb, mb["valid"], loss=loss,
+                                               stats=False)  # as the eager side, ModelBench.train, steps
     if part == "gru":
         compiled_step = torch.compile(EAGER_GRU_STEP)
         calls = {name: with_compiled_gru(fn, compiled_step) for name, fn in calls.items()}

@@ -73,13 +73,15 @@ def _backward_accumulate(x_t, coef_t):
     Solved as the upper bidiagonal system (I - U) acc = x per env column, U holding
     coef_t just above the diagonal: back-substitution is this very recurrence (the
     loop's result to rounding; on the Zen 3 EPYC, to the bit), in a handful of ops
-    instead of ~100 for a 32-step rollout. A vector model's step is mostly small ops like these:
-    on Pendulum the loop took ~0.6 ms of a ~6.7 ms learner step, the solve ~0.1.
+    instead of ~100 for a 32-step rollout. A vector model's learner step is mostly
+    small ops like these: on Pendulum the loop took ~0.6 ms of a ~6.5-ms step, the
+    solve ~0.1.
     """
     steps, batch = x_t.shape
     eye = torch.eye(steps, dtype=x_t.dtype, device=x_t.device).expand(batch, steps, steps)
     system = eye - torch.diag_embed(coef_t.T[:, :-1], offset=1)
-    return torch.linalg.solve_triangular(system, x_t.T.unsqueeze(-1), upper=True).squeeze(-1).T
+    acc = torch.linalg.solve_triangular(system, x_t.T.unsqueeze(-1), upper=True)
+    return acc.squeeze(-1).T.contiguous()
 
 
 @torch.no_grad()
