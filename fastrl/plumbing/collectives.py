@@ -59,14 +59,20 @@ def _wait_taking_signals(work) -> None:
     ends with the work wakes at once, so the all-reduce costs what a blocking one
     does (2.09-2.15 against 2.18-2.61 ms on loopback, 2 processes on 2 cores,
     where polling it every 0.1 ms looked 12% slower in a 2-rank CartPole run).
+    A slice's "Operation timed out!" may come just as the work completes: so a
+    completed work's own outcome decides, not the slice's error. Re-raising that
+    error instead stopped 2 of 6 two-rank doom_battle runs on 2 cores, a rank
+    leaving an all-reduce that had succeeded while its peer went on to the next
+    collective (benchmarks/README.md, twenty-ninth session).
     Gloo only: NCCL's wait with a timeout aborts the communicator when it runs out."""
     while True:
         try:
             work.wait(WAIT_SLICE)
             return
         except RuntimeError:
-            if work.is_completed():  # finished, with an error: raise it
-                raise
+            if work.is_completed():
+                work.wait()  # done: returns if it succeeded, raises its own error if not
+                return
 
 
 class PeerError(RuntimeError):
