@@ -71,7 +71,9 @@ def _wait_taking_signals(work) -> None:
             return
         except RuntimeError:
             if work.is_completed():
-                work.wait()  # done: returns if it succeeded, raises its own error if not
+                # Done: returns at once if it succeeded, raises its own error if not
+                # (never blocking past a slice, whatever the backend's wait does).
+                work.wait(WAIT_SLICE)
                 return
 
 
