@@ -1,6 +1,7 @@
 """The learner's compiled step (fastrl/learning/compiled.py): the compiled re-run
 of the policy gives eager's outputs and gradients, and the switch keeps whichever
 the timed steps say is faster, staying eager on any failure."""
+import copy
 import functools
 import signal
 
@@ -8,9 +9,10 @@ import gymnasium as gym
 import pytest
 import torch
 from helpers import TrainRun, read_summary
+from test_gradient_step import OBS, _batch, _on_policy
 
-from fastrl.algo.model import build_model
-from fastrl.config import parse_args
+from fastrl.algo.model import ActorCritic, build_model
+from fastrl.config import Config, parse_args
 from fastrl.learning import compiled as compiled_module
 from fastrl.learning.compiled import TIMED_STEPS, CompiledEvaluate, describe_compile
 from fastrl.learning.learner import _time_limits, gradient_step, trajectory_loss
@@ -47,18 +49,15 @@ def test_the_compiled_step_gives_eager_outputs_and_gradients():
 def test_the_whole_loss_compiled_as_the_benchmark_does_gives_eager_outputs_where_time_limits_cut_episodes():
     # benchmarks/compile_vs_eager.py --parts loss: the loss on trajectories, with the
     # time limits' data-dependent indexing left eager between its two graphs.
-    cfg, _ = parse_args(["--env", "Pendulum-v1", "--rollout", "8", "--batch_size", "64", "--num_minibatches", "2"])
-    obs_space, actions = gym.spaces.Box(-8.0, 8.0, (3,), "float32"), gym.spaces.Box(-2.0, 2.0, (1,), "float32")
+    # test_gradient_step's batch: an episode end of each kind, two steps cut by a time limit.
+    cfg = Config(env="CartPole-v1")
     torch.manual_seed(0)
-    eager = build_model(cfg, obs_space, actions, "fp32")
-    mb = _fake_minibatch(cfg, eager, obs_space, torch.Generator().manual_seed(0))
-    mb["truncated"][[2, 6], [1, 3]] = True
-    mb["final_row"][[2, 6], [1, 3]] = torch.tensor([0, 1])
-    mb["final_obs"] = {k: torch.randn(2, *v.shape[2:]) for k, v in mb["obs"].items()}
-    compiled = build_model(cfg, obs_space, actions, "fp32")
-    compiled.load_state_dict(eager.state_dict())
+    eager = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    compiled = copy.deepcopy(eager)
+    mb = _on_policy(eager, _batch())
+    valid = torch.ones_like(mb["rewards"])
     loss = torch.compile(functools.partial(trajectory_loss, time_limits=torch.compiler.disable(_time_limits)))
-    outs = [gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), mb, mb["valid"], loss=how)[0]
+    outs = [gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), mb, valid, loss=how)[0]
             for model, how in ((eager, None), (compiled, loss))]
     torch.testing.assert_close(outs[1].total, outs[0].total, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(outs[1].vs_tm1, outs[0].vs_tm1, rtol=1e-5, atol=1e-6)
@@ -66,7 +65,7 @@ def test_the_whole_loss_compiled_as_the_benchmark_does_gives_eager_outputs_where
         torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
     # The cut episodes' bootstrap values reached the targets: without the cuts they differ.
     uncut = dict(mb, truncated=torch.zeros_like(mb["truncated"]))
-    assert not torch.allclose(trajectory_loss(cfg, eager, uncut, mb["valid"]).vs_tm1, outs[0].vs_tm1)
+    assert not torch.allclose(trajectory_loss(cfg, eager, uncut, valid).vs_tm1, outs[0].vs_tm1)
 
 
 def drive(chooser, mb, step_seconds, steps=2 * TIMED_STEPS + 4):
