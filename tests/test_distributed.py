@@ -232,6 +232,39 @@ def test_a_slice_that_runs_out_as_the_collective_completes_is_not_an_error():
         _wait_taking_signals(failed)
 
 
+class _Signalled(BaseException):
+    """What the learner's SIGTERM handler raises (fastrl.plumbing.proc.Interrupted)."""
+
+
+def _leave_a_collective_on(rank, peers, left_marker):
+    """Rank 1 is signalled out of an all-reduce that rank 0 never joins, and leaves;
+    rank 0 says whether rank 1 got out while rank 0 was still there."""
+    if rank == 0:
+        deadline = time.time() + 20  # under the group's 30-s timeout, which would end the wait anyway
+        while not os.path.exists(left_marker) and time.time() < deadline:
+            time.sleep(0.05)
+        return os.path.exists(left_marker)
+
+    def interrupt(signum, frame):
+        raise _Signalled()
+
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        peers.agree(stop=False, counts=torch.tensor([1.0]))
+    except _Signalled:
+        pass
+    peers.leave()
+    open(left_marker, "w").close()
+    return True
+
+
+def test_a_rank_signalled_out_of_a_collective_leaves_without_waiting_for_it(tmp_path):
+    # Destroying the group waited for the abandoned all-reduce until the peer went or
+    # the timeout ran out: a learner that torchrun's SIGTERM reached there outlived its rank.
+    assert on_two_ranks(_leave_a_collective_on, str(tmp_path / "left")) == [True, True]
+
+
 def _check_on(rank, peers, values):
     peers.check_agreement({"model size": 100, **values[rank]}, {"resumed policy version": "same folder."},
                           "same command.")
