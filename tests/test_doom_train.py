@@ -50,8 +50,10 @@ def test_doom_basic_training_beats_the_untrained_policy(tmp_path):
 
 def test_engines_are_recycled_in_a_real_run(tmp_path):
     # A new engine for every episode: 4 envs go through many engine processes, the run
-    # trains to its budget, and none of them is left behind.
-    run = TrainRun(["--env", "doom_basic", "--train_dir", str(tmp_path), "--train_for_seconds", "20",
+    # trains to its budget, and none of them is left behind. An episode is at most
+    # 300 frames (75 steps of 4), so 4,000 frames end at least 9 episodes
+    # whatever the machine's pace (20 s of training made ~40 here, 10 s made 12).
+    run = TrainRun(["--env", "doom_basic", "--train_dir", str(tmp_path), "--train_for_env_frames", "4000",
                     "--plan", "off", "--num_workers", "1", "--num_envs_per_worker", "4",
                     "--doom_engine_recycle_episodes", "1", "--status_every_seconds", "5"])
     assert run.wait(timeout=150) == 0, run.output()
