@@ -26,7 +26,7 @@ def policy_states(train_dir, experiment, policies):
 @pytest.mark.parametrize("inference", ["local", pytest.param("policy_worker", marks=pytest.mark.slow)])
 def test_two_policies_both_learn_and_keep_their_own_checkpoints(tmp_path, inference):
     args = [*SMALL, "--inference", inference, "--num_policies", "2", "--train_dir", str(tmp_path)]
-    run = TrainRun([*args, "--train_for_env_frames", "160000"])
+    run = TrainRun([*args, "--train_for_env_frames", "100000"])
     assert run.wait(timeout=240) == 0, run.output()
     assert "by policy" in run.output()
     summary = read_summary(tmp_path, "CartPole-v1")
