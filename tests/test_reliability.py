@@ -378,10 +378,10 @@ def run_with_a_stopped(tmp_path, name: str, budget: list) -> TrainRun:
 
 
 # A time budget ends the run however few frames a stopped learner lets it sample,
-# and 15 s leaves a slow start-up its first trained batch in time (CartPole's comes
+# and 10 s leaves a slow start-up its first trained batch in time (CartPole's comes
 # 2-6 s after launch on a loaded 2-core machine); the signals come into a run whose
 # frame budget is out of reach.
-ENDINGS = {"its budget": (["--train_for_seconds", "15"], None, 0),
+ENDINGS = {"its budget": (["--train_for_seconds", "10"], None, 0),
            "Ctrl-C": (["--train_for_env_frames", "100000000"], "group", 128 + signal.SIGINT),
            "SIGTERM": (["--train_for_env_frames", "100000000"], "runner", 128 + signal.SIGTERM)}
 
