@@ -322,19 +322,21 @@ def kill_the_learner_once_it_checkpointed(run: TrainRun, ckpt_dir) -> int:
 def test_a_killed_learner_restarts_the_run_from_its_checkpoint_with_max_restarts(tmp_path):
     # The first checkpoint comes 0.5 s into training: 6,500 frames at the sampling
     # seen on a busy machine, 15,000 on a quiet one, where a 20,000 budget was
-    # reached before the kill landed. 100,000 stays out of its reach either way.
+    # reached before the kill landed. 50,000 stays out of its reach either way, and
+    # the restarted run trains for most of it (at ~3,500 frames/s this setup makes,
+    # 100,000 took the test 34 s).
     run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--max_restarts", "2", "--checkpoint_every_seconds", "0.5",
-                 "--train_for_env_frames", "100000"])
+                 "--train_for_env_frames", "50000"])
     old = kill_the_learner_once_it_checkpointed(run, tmp_path / "CartPole-v1" / "checkpoints")
     line = wait_for_new_line(run, lambda text: RESTARTED.match(text) is not None, timeout=30)
     frames, restart, allowed = RESTARTED.match(line).groups()
     assert (restart, allowed) == ("1", "2")
-    assert int(frames.replace(",", "")) < 50000, run.output()  # else the restarted run need not train to finish
+    assert int(frames.replace(",", "")) < 25000, run.output()  # else the restarted run need not train to finish
     assert pid_titled(run, "fastrl: learner") != old
     assert finish(run, 60) == 0, run.output()
-    assert "reached 100,000 env frames" in run.output()
+    assert "reached 50,000 env frames" in run.output()
     summary = read_summary(tmp_path, "CartPole-v1")
-    assert summary["learner_restarts"] == 1 and summary["env_frames"] >= 100000, summary
+    assert summary["learner_restarts"] == 1 and summary["env_frames"] >= 50000, summary
     # Frames go on from the checkpoint's count, and the restarted run trained on.
     assert summary["env_frames"] - summary["env_frames_this_run"] == int(frames.replace(",", "")), summary
     assert summary["samples_trained"] > 0, run.output()
