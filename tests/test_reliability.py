@@ -240,8 +240,10 @@ def kill_and_see_the_run_stop_naming_it(run: TrainRun, name: str) -> None:
 # would reach the budget before the fault (and fail in pid_titled, not pass). At
 # 16,000 the run ended 2 s after the restart, which is why restart_after reads the
 # new pids as soon as the restart is reported.
+# 30,000 frames: sampling waits while a policy worker is broken, so the budget
+# outlasts the restart on any machine (it is ~9 s of sampling here).
 POLICY_WORKER_RUN = [*CARTPOLE, "--inference", "policy_worker", "--num_buffers", "6",
-                     "--train_for_env_frames", "50000"]
+                     "--train_for_env_frames", "30000"]
 
 
 def lags_after(run: TrainRun, line: str) -> list:
@@ -264,7 +266,7 @@ def policy_worker_restart(run: TrainRun, tmp_path, how, message: str, workers: i
     lags = lags_after(run, restarted)
     assert lags and max(lags) <= 25, run.output()  # --max_policy_lag's default
     summary = read_summary(tmp_path, "CartPole-v1")
-    assert summary["env_frames"] >= 50000 and summary["worker_restarts"] == 1
+    assert summary["env_frames"] >= 30000 and summary["worker_restarts"] == 1
     assert summary["trajectories_discarded"] == 0
     assert_nothing_left(run)
 
