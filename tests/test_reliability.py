@@ -235,13 +235,14 @@ def kill_and_see_the_run_stop_naming_it(run: TrainRun, name: str) -> None:
 # Policy-worker runs for the restart tests: one rollout worker, whose two splits of
 # 4 envs fill 64-sample buffers; 6 buffers let sampling run at most 6 ahead of the
 # learner. The fault comes at the first status line that shows frames, and the frame
-# budget ends the run (exit code 0) seconds after it: here sampling ran at
-# 2,000-16,000 frames/s, so only a machine some 4x faster than the fastest of those
-# would reach the budget before the fault (and fail in pid_titled, not pass). At
-# 16,000 the run ended 2 s after the restart, which is why restart_after reads the
-# new pids as soon as the restart is reported.
-# 30,000 frames: sampling waits while a policy worker is broken, so the budget
-# outlasts the restart on any machine (it is ~9 s of sampling here).
+# budget ends the run (exit code 0) seconds after it: sampling has run at
+# 2,000-16,000 frames/s on this project's machines, so the first status line shows
+# at most ~16,000 of the 30,000, and while the worker is broken sampling stops (half
+# of it goes on with two workers, for the second before the kill), so only a machine
+# some 2x faster than the fastest of those would reach the budget before the restart
+# (and fail in pid_titled, not pass). At 16,000 a run ended 2 s after the restart,
+# which is why restart_after reads the new pids as soon as the restart is reported.
+# (50,000 frames took these three tests 58 s here at ~3,500 frames/s, 30,000 45 s.)
 POLICY_WORKER_RUN = [*CARTPOLE, "--inference", "policy_worker", "--num_buffers", "6",
                      "--train_for_env_frames", "30000"]
 
