@@ -125,9 +125,10 @@ class Peers:
         self._timer = Timer(row)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's object collectives use the current device
-        # Whether a collective was left before it completed (a signal raised out of
-        # its sliced wait): `leave` must then not wait for it.
-        self._abandoned = False
+        # The Gloo all-reduce being waited on (None once its wait returns): one still
+        # incomplete when the learner leaves was abandoned, a signal raised out of its
+        # sliced wait. (Not kept past its wait: it holds the reduced tensor.)
+        self._waited = None
         timeout = datetime.timedelta(seconds=timeout_s)
         try:
             dist.init_process_group(backend, store=attempt_store(rank, timeout), rank=rank.rank,
@@ -146,7 +147,7 @@ class Peers:
         long after torchrun had ended its rank, an orphan (tests/test_distributed.py,
         3 of 6 runs). Leaving the group undestroyed costs nothing: a child of the
         process server ends with os._exit, and the kernel closes its sockets."""
-        if self._abandoned:
+        if self._waited is not None and not self._waited.is_completed():
             return
         try:
             dist.destroy_process_group()
@@ -161,14 +162,13 @@ class Peers:
         with self._timer("sync_s"):
             try:
                 if dist.get_backend() == "gloo":
-                    self._abandoned = True  # until the wait returns or raises the work's own error
-                    _wait_taking_signals(dist.all_reduce(tensor, async_op=True))
+                    self._waited = dist.all_reduce(tensor, async_op=True)
+                    _wait_taking_signals(self._waited)
+                    self._waited = None
                 else:  # NCCL: a wait with a timeout that runs out aborts its communicator
                     dist.all_reduce(tensor)
             except RuntimeError as err:
-                self._abandoned = False  # the work ended, in error
                 raise self._lost(what, err) from None
-            self._abandoned = False
         return tensor
 
     def _all_gather_object(self, value: Any, what: str) -> List[Any]:
