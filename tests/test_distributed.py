@@ -326,6 +326,8 @@ def test_two_ranks_on_one_machine_learn_with_identical_weights(tmp_path):
     assert "on 2 ranks" in run.output() and "2,048 samples per gradient step in all" in run.output()
     # Rank 0 reports for the run; rank 1 prints nothing and writes nothing.
     assert sum(line.startswith("fastrl: plan:") for line in run.lines) == 1, run.output()
+    # The closing rate beside the plan is rank 0's own, where the status line sums the ranks.
+    assert any(line.startswith("fastrl: rank 0: planned ") for line in run.lines), run.output()
     files = _experiment_files(tmp_path / "CartPole-v1")
     assert {"config.json", "plan.json", "summary.json"} <= files
     assert len(os.listdir(tmp_path / "CartPole-v1" / "checkpoints")) == 1, files

@@ -899,7 +899,9 @@ class Runner:
                      f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}")
             trained = self.measured_trained_steps_per_s()
             if self.plan is not None and trained:
-                self.say(planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip))
+                # The status line sums every rank; the plan, and this rate, are rank 0's own.
+                whose = "rank 0: " if self.rank.distributed else ""
+                self.say(whose + planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip))
             digests = self.metrics.get(WEIGHTS_KEY)
             if digests and len(set(digests)) > 1:
                 print(f"{self._tag()}error: the ranks ended with different weights ({', '.join(digests)}); "
