@@ -4,6 +4,7 @@ the timed steps say is faster, staying eager on any failure."""
 import copy
 import functools
 import signal
+import sys
 
 import gymnasium as gym
 import pytest
@@ -112,6 +113,30 @@ def test_the_background_compile_starts_after_the_first_step_not_beside_it(no_rea
     chooser._warm.join(timeout=60)
     assert chooser._warm_error is None
     assert chooser._inputs is None  # handed to the compile, not kept
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_gil_changes_hands_often_while_the_compile_thread_runs_and_as_before_after(monkeypatch, fails):
+    # Each op of the learner's eager step takes the GIL back after its kernel; beside a
+    # thread tracing in Python it waited up to the switch interval every time.
+    seen = []
+
+    def compile_noting_the_interval(fn):
+        seen.append(sys.getswitchinterval())
+        if fails:
+            raise RuntimeError("no C++ compiler found")
+        return fn
+
+    monkeypatch.setattr(compiled_module.torch, "compile", compile_noting_the_interval)
+    before = sys.getswitchinterval()
+    _, model, mb = small_image_model()
+    chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
+    chooser.before_step(mb)
+    chooser.after_step(1.0)
+    chooser._warm.join(timeout=60)
+    assert seen == [pytest.approx(compiled_module.COMPILE_SWITCH_INTERVAL_S)] and seen[0] < before / 10
+    assert sys.getswitchinterval() == before
+    assert (chooser._warm_error is not None) == fails
 
 
 def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import sys
 import threading
 import time
 from typing import Optional
@@ -59,6 +60,15 @@ COMPILE_KEY = "learner_compile"
 # compiled step at 0.67-0.84x (benchmarks/README.md, sixteenth session).
 TIMED_STEPS = 5
 MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
+# The GIL's switch interval while the compile thread runs. Every torch op lets go of
+# the GIL while its kernel runs and takes it back after; with a thread tracing in
+# Python beside it, taking it back waits for that thread to be asked to let go,
+# which CPython does after the switch interval, 5 ms by default: every op of the
+# learner's step then paid up to 5 ms. 3,000 small matmuls (AMD EPYC, 2 cores) took
+# 0.04 s alone, 13 s beside a Python loop at 5 ms, 0.5 s at 0.1 ms, and the loop
+# itself ran as fast. The interval is the process's, so it is put back when the
+# compile thread ends.
+COMPILE_SWITCH_INTERVAL_S = 1e-4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 
 
@@ -148,6 +158,8 @@ class CompiledEvaluate:
         compiles the backward on its first call). Gradients go to autograd.grad,
         never into any .grad the learner's optimizer reads."""
         start = time.perf_counter()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
         try:
             fn = torch.compile(replica.evaluate)
             with torch.enable_grad():
@@ -158,6 +170,8 @@ class CompiledEvaluate:
                 torch.autograd.grad(total, params, allow_unused=True)
         except Exception as err:  # noqa: BLE001 - whatever inductor raises, training goes on eagerly
             self._warm_error = _short(err)
+        finally:
+            sys.setswitchinterval(interval)
         self._warm_s = time.perf_counter() - start
 
     def _switch(self) -> None:
