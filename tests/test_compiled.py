@@ -15,7 +15,7 @@ from test_gradient_step import OBS, _batch, _on_policy
 from fastrl.algo.model import ActorCritic, build_model
 from fastrl.config import Config, parse_args
 from fastrl.learning import compiled as compiled_module
-from fastrl.learning.compiled import TIMED_STEPS, CompiledEvaluate, describe_compile
+from fastrl.learning.compiled import COMPILE_STARTED_LINE, TIMED_STEPS, CompiledEvaluate, describe_compile
 from fastrl.learning.learner import _time_limits, gradient_step, trajectory_loss
 from fastrl.tuning.profiling import _fake_minibatch
 
@@ -105,11 +105,12 @@ def test_the_background_compile_starts_after_the_first_step_not_beside_it(no_rea
     _, model, mb = small_image_model()
     chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
     chooser.before_step(mb)
-    assert chooser._warm is None
+    assert chooser._warm is None and not chooser.take_started()
     taken, given = chooser._inputs["obs"]["obs"], mb["obs"]["obs"]
     assert torch.equal(taken, given) and taken.data_ptr() != given.data_ptr()  # a copy: the batch may go
     chooser.after_step(1.0)
     assert chooser.state == "warming"
+    assert chooser.take_started() and not chooser.take_started()  # said once, for the run's notice
     chooser._warm.join(timeout=60)
     assert chooser._warm_error is None
     assert chooser._inputs is None  # handed to the compile, not kept
@@ -192,4 +193,8 @@ def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path):
         run.kill_all()
     report = read_summary(tmp_path, "CartPole-v1")["learner_compile"]
     assert report["chosen"] == "compiled" and report["compiled_step_s"] > 0, report
+    # The slower steps while it compiled were announced, once, before the choice.
+    said = [line for line in run.lines
+            if line.startswith(("fastrl: compiling the learner's", "fastrl: the learner's step"))]
+    assert said[0] == f"fastrl: {COMPILE_STARTED_LINE}" and len(said) == 2, run.output()
     assert run.leftover_processes() == []

@@ -54,6 +54,12 @@ import torch
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
+# The metrics message that says the background compile has begun (COMPILE_STARTED_LINE).
+COMPILE_STARTED_KEY = "learner_compile_started"
+# What a run prints then: the rate it shows until the choice is made is not its own.
+COMPILE_STARTED_LINE = ("compiling the learner's step in the background; until it is done the run trains "
+                        "eagerly, slower beside the compile (seconds once inductor's cache holds this setup, "
+                        "minutes the first time on a machine)")
 # Real steps timed each way before `auto` decides, alternating. On 2 busy cores a
 # step's time varies by 10-20% with what the actors do beside it: with 3 a side,
 # one doom_battle run kept eager at 1.11x where the next four measured the
@@ -102,6 +108,7 @@ class CompiledEvaluate:
         self.model, self.mode, self.uniform_kl = model, mode, uniform_kl
         self.state = "eager" if mode == "off" or (mode == "auto" and not auto_compiles) else "start"
         self._report: Optional[dict] = None  # made by _finish, until take_report hands it over
+        self._started = False  # the compile thread began, until take_started says so
         self._warm: Optional[threading.Thread] = None
         self._warm_s = 0.0
         self._warm_error: Optional[str] = None
@@ -138,6 +145,11 @@ class CompiledEvaluate:
         report, self._report = self._report, None
         return report
 
+    def take_started(self) -> bool:
+        """True once, after the step that started the background compile."""
+        started, self._started = self._started, False
+        return started
+
     # -- stages -------------------------------------------------------------------------
     def _take_inputs(self, mb: dict) -> None:
         """A copy of the first minibatch's inputs, for the compile after its step."""
@@ -152,6 +164,7 @@ class CompiledEvaluate:
                                       name="fastrl: learner compile", daemon=True)
         self.state = "warming"
         self._warm.start()
+        self._started = True
 
     def _compile_replica(self, replica: torch.nn.Module, inputs: dict) -> None:
         """Thread: compile evaluate on the replica, forward and backward (inductor

@@ -29,7 +29,7 @@ from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from fastrl.learning.compiled import COMPILE_KEY, CompiledEvaluate, auto_compiles
+from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate, auto_compiles
 from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.context import SharedContext
@@ -247,10 +247,11 @@ class Learner:
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers,
                                        stats=self._metrics_due())
         self.compiled.after_step(time.perf_counter() - start)
-        report = self.compiled.take_report()
-        if report is not None and self.policy == 0:  # every policy's learner decides alike; one says it
+        news = ([{COMPILE_STARTED_KEY: True}] if self.compiled.take_started() else []) + (
+            [{COMPILE_KEY: report}] if (report := self.compiled.take_report()) is not None else [])
+        if news and self.policy == 0:  # every policy's learner compiles alike; one says it
             try:
-                put_many_polling(self.ctx.metrics_queue, [{COMPILE_KEY: report}], 1.0)
+                put_many_polling(self.ctx.metrics_queue, news, 1.0)
             except queue.Full:
                 pass  # a report only
         self._stepped(out, grad_norm)

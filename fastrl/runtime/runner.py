@@ -57,7 +57,7 @@ from fastrl.learning.checkpoint import (
     checkpoint_dir,
     load_latest_checkpoint,
 )
-from fastrl.learning.compiled import COMPILE_KEY, describe_compile
+from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_STARTED_LINE, describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, learner_main
@@ -656,6 +656,8 @@ class Runner:
                 if ALLOCATOR_KEY in m:
                     self.say(f"the learner's caching allocator is off: {m[ALLOCATOR_KEY]}; it uses torch's own, "
                              "slower here (pass --learner_allocator system to skip the attempt)")
+                if COMPILE_STARTED_KEY in m:
+                    self.say(COMPILE_STARTED_LINE)
                 if COMPILE_KEY in m:
                     self.say(describe_compile(m[COMPILE_KEY]))
                     if self.rank.main:
