@@ -72,7 +72,7 @@ MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 # which CPython does after the switch interval, 5 ms by default: every op of the
 # learner's step then paid up to 5 ms. 3,000 small matmuls (AMD EPYC, 2 cores) took
 # 0.04 s alone, 13 s beside a Python loop at 5 ms, 0.5 s at 0.1 ms, and the loop
-# itself ran as fast. The interval is the process's, so it is put back when the
+# itself ran about as fast. The interval is the process's, so it is put back when the
 # compile thread ends.
 COMPILE_SWITCH_INTERVAL_S = 1e-4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
