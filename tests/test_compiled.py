@@ -197,4 +197,6 @@ def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path):
     said = [line for line in run.lines
             if line.startswith(("fastrl: compiling the learner's", "fastrl: the learner's step"))]
     assert said[0] == f"fastrl: {COMPILE_STARTED_LINE}" and len(said) == 2, run.output()
+    first_batch = next(i for i, line in enumerate(run.lines) if line.startswith("fastrl: first batch trained"))
+    assert first_batch < run.lines.index(said[0]), run.output()  # the compile begins after the first step
     assert run.leftover_processes() == []

@@ -240,6 +240,7 @@ class Learner:
         self.version += 1
         self.row.set("learner_steps", self.version)
         self.params.publish(flat_state(self.model), self.version)
+        self._send_compile_news()
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
         self.compiled.before_step(mb)
@@ -247,6 +248,11 @@ class Learner:
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers,
                                        stats=self._metrics_due())
         self.compiled.after_step(time.perf_counter() - start)
+        self._stepped(out, grad_norm)
+
+    def _send_compile_news(self) -> None:
+        """The compile's start and its choice, once each, after the batch that brought
+        them is counted: the run says its first batch before the compile began."""
         news = ([{COMPILE_STARTED_KEY: True}] if self.compiled.take_started() else []) + (
             [{COMPILE_KEY: report}] if (report := self.compiled.take_report()) is not None else [])
         if news and self.policy == 0:  # every policy's learner compiles alike; one says it
@@ -254,7 +260,6 @@ class Learner:
                 put_many_polling(self.ctx.metrics_queue, news, 1.0)
             except queue.Full:
                 pass  # a report only
-        self._stepped(out, grad_norm)
 
     def _sample_step(self, samples: dict) -> None:
         self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers,

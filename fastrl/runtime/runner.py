@@ -830,6 +830,8 @@ class Runner:
         """One look at the run: take in what the children sent, check on them, report
         when a report is due. Returns (exit code, reason) when the run should end."""
         elapsed = time.time() - start
+        if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
+            self._note_first_batch(start)  # before the messages the first batch brought
         self._drain(start, monitor)
         if self.ctx.totals is not None and self.ctx.totals.stop_requested():
             # Checked before the children: the learner leaves once the ranks agreed to stop.
@@ -846,8 +848,6 @@ class Runner:
                     then += f", as the {self.cfg.max_restarts} restarts --max_restarts allows are used up"
             print(f"{self._tag()}{failure.text.rstrip()}\n{self._tag()}{then}.", file=sys.stderr, flush=True)
             return 1, failure.text.splitlines()[0].rstrip(":.")
-        if self.training_since is None and self.ctx.board.get("learner", "samples_trained") > 0:
-            self._note_first_batch(start)
         if observer is not None:
             observer(self, elapsed)
         reason = self._should_stop(elapsed)
