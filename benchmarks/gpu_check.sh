@@ -8,8 +8,9 @@
 #   OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh [STEP...]
 #
 # Steps, in this order, all by default: tests precision bench battle planned dtc;
-# `layouts` (the policy workers' count and batching, on the bench) and `compile` (the
-# learner's step compiled) only when named.
+# `layouts` (the policy workers' count and batching, on the bench), `compile` (the
+# learner's step compiled) and `compile_stall` (a run's rate while it compiles) only
+# when named.
 # SECONDS_PER_RUN (60), ROUNDS (1), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT
 # (fixed) set the comparisons (Sample Factory's rate moved by a third between two
 # one-round calls on one machine: two rounds say more); FASTRL_EXTRA adds
@@ -123,6 +124,16 @@ fi
 # (20 ms per 1,024 samples on an H200, against eager's ~30-40).
 wants compile && step compile 180 "$PY" -m fastrl.bench --env doom_battle --mode train --device cuda \
     --seconds 20 --warmup 20 --with_wandb false --compile_learner on
+
+# What a GPU run trains while its learner compiles in the background: the
+# twenty-eighth session's trained a tenth of its rate for the compile's 35 s, the
+# eager step (the host launching kernels) waiting on the GIL behind the compiling
+# thread's tracing. Since the compile thread holds the switch interval at 0.1 ms, a
+# CPU step beside it takes 1.02x its time alone (1.73x at 5 ms): the status lines
+# every 5 s, before and after the "runs compiled" line, say whether a GPU step does.
+wants compile_stall && step compile_stall 150 "$PY" -m fastrl.train --env doom_defend_the_center --device cuda \
+    --compile_learner on --train_for_seconds 110 --status_every_seconds 5 --with_wandb false \
+    --train_dir /tmp/compile_stall --restart
 
 # fastrl against Sample Factory on doom_battle, both on the GPU, one rollout worker
 # per core and one GPU inference process on each side.
