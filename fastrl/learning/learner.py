@@ -253,8 +253,12 @@ class Learner:
     def _send_compile_news(self) -> None:
         """The compile's start and its choice, once each, after the batch that brought
         them is counted: the run says its first batch before the compile began."""
-        news = ([{COMPILE_STARTED_KEY: True}] if self.compiled.take_started() else []) + (
-            [{COMPILE_KEY: report}] if (report := self.compiled.take_report()) is not None else [])
+        news = []
+        if self.compiled.take_started():
+            news.append({COMPILE_STARTED_KEY: True})
+        report = self.compiled.take_report()
+        if report is not None:
+            news.append({COMPILE_KEY: report})
         if news and self.policy == 0:  # every policy's learner compiles alike; one says it
             try:
                 put_many_polling(self.ctx.metrics_queue, news, 1.0)
