@@ -5,6 +5,7 @@ import gc
 import sys
 
 from fastrl.config import ConfigError, check_env_and_options, parse_args
+from fastrl.plumbing.proc import start_process_server, stop_process_server
 from fastrl.plumbing.timeline import mark
 
 
@@ -24,8 +25,6 @@ def main(argv=None) -> int:
         check_env_and_options(cfg, writes=rank.main)  # cheap checks first: bad input starts no process at all
         mark("config checked")
         claim_cores(rank)  # this rank's share of the machine, before any child inherits the affinity
-        from fastrl.plumbing.proc import start_process_server
-
         start_process_server()  # its imports then overlap the runner's own
         mark("process server started")
         import torch
@@ -42,9 +41,11 @@ def main(argv=None) -> int:
 
         return train(cfg, extra.explicit, rank)
     except ConfigError as err:  # raised before any worker starts (the monitor opens first)
+        stop_process_server()
         print(f"fastrl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before the run loop took over signals: nothing to save yet
+        stop_process_server()
         print("fastrl: interrupted during start-up; nothing was trained.", file=sys.stderr)
         return 130
 

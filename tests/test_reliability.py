@@ -7,6 +7,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import types
 
@@ -14,7 +16,7 @@ import gymnasium as gym
 import psutil
 import pytest
 import torch
-from helpers import GPU_MARKS, TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
+from helpers import GPU_MARKS, REPO, TEST_ENVS_ON_PATH, TrainRun, read_summary, shm_entries
 
 from fastrl.algo.model import Precision, build_model, flat_state
 from fastrl.config import Config
@@ -554,3 +556,49 @@ def test_a_checkpoint_from_another_env_is_refused(tmp_path, cartpole_experiment)
     assert run.worker_titles() == []
     assert checkpoints(tmp_path / "other" / "checkpoints") == before
     assert run.leftover_processes() == []
+
+
+def _processes_marked(mark: str) -> list:
+    """Live processes whose environment holds FASTRL_TEST_MARK=mark: a command's every
+    descendant inherits it, orphans included."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FASTRL_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+REFUSED_BY_A_CALLER = """
+import sys
+
+import torch  # a caller that imported it already: the refusal then comes long before the server's own import ends
+
+from fastrl.train import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_refused_after_its_process_server_started_leaves_nothing_running(tmp_path, cartpole_experiment):
+    # The experiment's checks read checkpoints with torch, so they come after the
+    # process server has begun importing it. Refused while the server was still at
+    # it, a run left the server importing, a core's work, for 2-13 s after it
+    # returned (77 refusals in a row in test_bad_input ran 1.8x as long for it).
+    shutil.copytree(cartpole_experiment / "checkpoints", tmp_path / "CartPole-v1" / "checkpoints")
+    script = tmp_path / "refused.py"
+    script.write_text(REFUSED_BY_A_CALLER)
+    mark = f"refused-{os.getpid()}-{time.monotonic_ns()}"
+    # Output to a file: through a pipe, run() would also wait for the server, which holds the pipe open.
+    with open(tmp_path / "said.txt", "w") as said:
+        code = subprocess.run([sys.executable, str(script), *CARTPOLE, "--train_dir", str(tmp_path),
+                               "--hidden_sizes", "32"], stdout=said, stderr=said, timeout=60,
+                              env={**os.environ, "PYTHONPATH": REPO, "FASTRL_TEST_MARK": mark}).returncode
+    said = (tmp_path / "said.txt").read_text()
+    assert code == 2 and "does not fit this model" in said, said
+    deadline = time.time() + 0.5  # multiprocessing's resource tracker leaves once its pipe closes
+    while _processes_marked(mark) and time.time() < deadline:
+        time.sleep(0.05)
+    assert _processes_marked(mark) == []

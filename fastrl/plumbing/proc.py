@@ -52,6 +52,32 @@ def start_process_server():
     return multiprocessing.get_context("forkserver")
 
 
+def stop_process_server() -> None:
+    """End the process server now, for a run refused after start_process_server (a
+    checkpoint that does not fit the model, an experiment to resume with other
+    options): no child was forked yet.
+
+    Left alone, the server notices that its runner is gone only once its imports are
+    done. A run refused before then (one whose caller had imported torch already is
+    refused within half a second) left it importing torch, a core's work, for
+    seconds after returning, and a reader of a pipe it held open (`| tee`) waiting
+    as long. `_stop` is multiprocessing's own (CPython 3.8 to 3.13; it closes the
+    "alive" pipe, reaps the server and removes its socket); the SIGKILL before it
+    spares the wait for those imports."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or not hasattr(server, "_stop"):
+        return
+    if multiprocessing.active_children():  # a child forked from the server dies with it (its parent-death signal)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    server._stop()
+
+
 class Interrupted(BaseException):
     """Raised inside a child when it is told to stop by a signal. A BaseException,
     like KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
