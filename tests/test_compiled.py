@@ -69,14 +69,21 @@ def test_the_whole_loss_compiled_as_the_benchmark_does_gives_eager_outputs_where
     assert not torch.allclose(trajectory_loss(cfg, eager, uncut, valid).vs_tm1, outs[0].vs_tm1)
 
 
-def drive(chooser, mb, step_seconds, steps=2 * TIMED_STEPS + 4):
+def drive(chooser, mb, step_seconds, steps=4 * TIMED_STEPS + 8):
     """The learner's calls around each gradient step, the step taking
-    step_seconds[which is in use]; waits for the background compile between."""
+    step_seconds[which is in use] (a number, or a list taken in turn); waits for the
+    background compile between."""
+    taken = {"eager": 0, "compiled": 0}
     for _ in range(steps):
         chooser.before_step(mb)
         if chooser.state == "warming":
             chooser._warm.join(timeout=60)
-        chooser.after_step(step_seconds[chooser._current])
+        which = chooser._current
+        seconds = step_seconds[which]
+        if isinstance(seconds, list):
+            seconds = seconds[min(taken[which], len(seconds) - 1)]
+        taken[which] += 1
+        chooser.after_step(seconds)
     return chooser.take_report()
 
 
@@ -86,7 +93,7 @@ def no_real_compile(monkeypatch):
     monkeypatch.setattr(compiled_module.torch, "compile", lambda fn: fn)
 
 
-@pytest.mark.parametrize("compiled_s, chosen", [(0.5, "compiled"), (0.98, "eager")])
+@pytest.mark.parametrize("compiled_s, chosen", [(0.5, "compiled"), (0.98, "eager"), (1.1, "eager")])
 def test_auto_keeps_whichever_timed_faster(no_real_compile, compiled_s, chosen):
     cfg, model, mb = small_image_model()
     chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
@@ -97,6 +104,22 @@ def test_auto_keeps_whichever_timed_faster(no_real_compile, compiled_s, chosen):
     assert chooser.take_report() is None  # handed over once
     assert describe_compile(report).startswith("the learner's step runs compiled" if chosen == "compiled"
                                                else "the learner's step stays eager")
+
+
+def test_a_close_call_is_timed_for_twice_the_steps_before_the_choice(no_real_compile):
+    # The first TIMED_STEPS compiled steps at 0.96x, then 0.85x: the first five alone
+    # would keep eager; all ten a side (median 0.905x) choose compiled.
+    _, model, mb = small_image_model()
+    chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
+    compiled_s = [0.96] * (TIMED_STEPS + 1) + [0.85] * TIMED_STEPS  # the first compiled call is not timed
+    report = drive(chooser, mb, {"eager": 1.0, "compiled": compiled_s})
+    assert report["chosen"] == "compiled" and report["compiled_step_s"] == pytest.approx(0.905)
+    assert len(chooser._times["compiled"]) == len(chooser._times["eager"]) == 2 * TIMED_STEPS
+    # Clear either way after TIMED_STEPS a side: no more timing.
+    _, model, mb = small_image_model()
+    clear = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
+    assert drive(clear, mb, {"eager": 1.0, "compiled": 0.8})["chosen"] == "compiled"
+    assert len(clear._times["compiled"]) == TIMED_STEPS
 
 
 def test_the_background_compile_starts_after_the_first_step_not_beside_it(no_real_compile):
