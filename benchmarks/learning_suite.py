@@ -267,7 +267,8 @@ def fastrl_command(args, env: str, seed: int, exp: str) -> list:
 def sb3_command(args, env: str, seed: int, exp: str) -> list:
     return [sys.executable, os.path.join(REPO, "benchmarks", "sb3_runner.py"), "--env", env, "--seed", str(seed),
             "--seconds", f"{args.seconds:g}", "--exp_dir", os.path.join(args.out, "sb3", exp),
-            "--report_seconds", f"{args.report_seconds:g}"]
+            "--report_seconds", f"{args.report_seconds:g}",
+            *(["--past_zoo_budget"] if args.sb3_past_zoo_budget else [])]
 
 
 def sf_command(args, env: str, seed: int, exp: str) -> list:
@@ -493,6 +494,9 @@ def main(argv=None) -> int:
     p.add_argument("--report_seconds", type=float, default=5.0,
                    help="seconds between fastrl's and SB3's reports (SF's are 5 s apart, fixed); time to target "
                         "is known to this resolution")
+    p.add_argument("--sb3_past_zoo_budget", action="store_true",
+                   help="SB3 trains on past rl-zoo3's n_timesteps until --seconds (sb3_runner.py --past_zoo_budget: "
+                        "envs whose zoo settings are constant only), to time a target the zoo's budget ends short of")
     p.add_argument("--plot", action="store_true", help="also draw <out>/<env>.png from the recorded curves")
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]

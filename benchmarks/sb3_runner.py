@@ -65,6 +65,15 @@ ZOO_PPO = {
 # as fastrl's objective(100) is.
 ZOO_ATARI = dict(n_envs=8, n_timesteps=10_000_000, n_steps=128, n_epochs=4, batch_size=256,
                  learning_rate=linear(2.5e-4), clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01)
+PAST_BUDGET_STEPS = 10**12  # --past_zoo_budget's total_timesteps: no run reaches it
+
+
+def scheduled_envs() -> list:
+    """The envs whose zoo settings include a schedule (a function of progress)."""
+    settings = {**ZOO_PPO, **{name: ZOO_ATARI for name in ATARI_IDS}}
+    return [env for env, zoo in settings.items() if any(callable(v) for v in zoo.values())]
+
+
 ATARI_IDS = {"atari_breakout": "BreakoutNoFrameskip-v4", "atari_pong": "PongNoFrameskip-v4"}
 ATARI_FRAME_STACK = 4
 ATARI_FRAMESKIP = 4  # AtariWrapper's: SB3 counts agent steps, the suite counts frames
@@ -173,7 +182,14 @@ def main(argv=None) -> int:
                         help="Atari only: train on fastrl's own Atari env (envs/atari.py: its frame stack, episodic "
                              "life and FIRE), rewards clipped to their sign as SB3's AtariWrapper does, instead of "
                              "SB3's wrappers: tells an env difference from a trainer difference")
+    parser.add_argument("--past_zoo_budget", action="store_true",
+                        help="train on past rl-zoo3's n_timesteps until --seconds, to time a target that the zoo's "
+                             "budget ends short of (only where the zoo's settings are constant, not schedules)")
     args = parser.parse_args(argv)
+    if args.past_zoo_budget and args.env in scheduled_envs():
+        parser.error(f"--past_zoo_budget is for envs whose zoo settings are constant; {args.env}'s decay to zero "
+                     f"at n_timesteps, so training past it would train at zero (constant ones: "
+                     f"{', '.join(sorted(set(ZOO_PPO) - set(scheduled_envs())))})")
     if args.fastrl_env and args.env not in ATARI_IDS:
         parser.error(f"--fastrl_env is for the Atari envs ({', '.join(sorted(ATARI_IDS))}), not {args.env}")
     launched = launched_at()  # fastrl's own reading, so both count from the same kind of clock
@@ -223,7 +239,8 @@ def main(argv=None) -> int:
     reporter = make_reporter(BaseCallback, launched, args.seconds, args.report_seconds,
                              os.path.join(args.exp_dir, "tb"), frameskip)
     print(f"sb3: PPO on {args.env}, {n_envs} envs, rl-zoo3 hyperparameters; experiment in {args.exp_dir}", flush=True)
-    model.learn(total_timesteps=n_timesteps, callback=reporter)
+    # Past the zoo's budget the --seconds deadline is the only stop.
+    model.learn(total_timesteps=PAST_BUDGET_STEPS if args.past_zoo_budget else n_timesteps, callback=reporter)
     env.close()
     wall = time.time() - launched
     print(f"sb3: {reporter.stop_reason}; {model.num_timesteps * frameskip:,} env frames in {wall:.1f} s, "

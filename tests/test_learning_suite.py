@@ -139,6 +139,19 @@ def test_systems_skip_envs_they_cannot_run_and_say_why():
     assert ls.skip_reason("fastrl", "doom_battle") is None
 
 
+def test_sb3_trains_past_the_zoos_budget_only_where_no_setting_decays(tmp_path, capsys):
+    # CartPole's zoo lr and clip decay to zero at n_timesteps; Pendulum's are constant.
+    assert sorted(sb3_runner.scheduled_envs()) == ["CartPole-v1", "atari_breakout", "atari_pong"]
+    with pytest.raises(SystemExit) as stop:
+        sb3_runner.main(["--env", "CartPole-v1", "--seconds", "5", "--exp_dir", str(tmp_path), "--past_zoo_budget"])
+    assert stop.value.code == 2 and "decay to zero" in capsys.readouterr().err
+
+    class Args:
+        seconds, out, report_seconds, sb3_past_zoo_budget = 60.0, str(tmp_path), 5.0, True
+
+    assert "--past_zoo_budget" in ls.sb3_command(Args, "Pendulum-v1", 0, "Pendulum-v1_s0")
+
+
 def test_missing_installs_are_named_with_their_pip_command(monkeypatch):
     class Args:
         plot = False
