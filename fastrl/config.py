@@ -220,6 +220,12 @@ class Config:
                             "env split a of its group, so with --num_policies 2 or more agents of different policies play "
                             "each other. Counts as that many envs of --num_envs_per_worker. 0 = the scenario's own "
                             "(2 in doom_duel, 1 in doom_deathmatch).")
+    decorrelate_envs: bool = _opt(True, "Before its first recorded step, each env with a time limit (gymnasium's "
+                                  "max_episode_steps) takes a random number of random actions below that limit, so that "
+                                  "envs whose episodes always run to the limit (Pendulum's 200 steps, a MuJoCo task's 1000 "
+                                  "once it stops falling) do not reset in lockstep, every batch holding one phase of their "
+                                  "episodes; those cut-into first episodes are left out of the return statistics. Envs "
+                                  "without a limit (Doom, Atari) start as they are.")
     atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
     atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 

@@ -107,10 +107,13 @@ class SplitEnvs:
     """
 
     def __init__(self, spec, env_options: dict, seeds: list, envs: list, np_views: dict, action_spec,
-                 max_consecutive_failures: int = 3, on_restart: Optional[Callable[[], None]] = None):
+                 max_consecutive_failures: int = 3, on_restart: Optional[Callable[[], None]] = None,
+                 decorrelate: bool = False):
         """`envs`: made by make_envs from `seeds`, one each; a failed env is made
         again from its seed, spec and options. `on_restart` is called after every
-        restart is counted in `restarts` and before its replacement is made."""
+        restart is counted in `restarts` and before its replacement is made.
+        `decorrelate`: reset_all moves each time-limited env into its episode first
+        (--decorrelate_envs)."""
         self._spec = spec
         self._options = env_options
         self._seeds = list(seeds)
@@ -127,6 +130,8 @@ class SplitEnvs:
         self.finished = []  # (return, length, true_objective) of episodes ended since last drained
         self.restarts = 0
         self._on_restart = on_restart
+        self._decorrelate = decorrelate
+        self._cut_in = [False] * self.n  # the episode began before recording did: not counted when it ends
         # The agents of a multi-agent game step in two halves (send, receive).
         self._two_halves = bool(self.envs) and hasattr(self.envs[0], "step_send")
 
@@ -153,8 +158,32 @@ class SplitEnvs:
         """Reset every env and write the first observations at [buf, t]."""
         for i in range(self.n):
             obs = self._reset_env(i)
+            if self._decorrelate and not self._two_halves:
+                obs = self._step_into_episode(i, obs)
             self._write_obs(self._v["obs"], (buf, t, i), obs)
             self._v["episode_start"][buf, t, i] = True
+
+    def _step_into_episode(self, i: int, obs):
+        """Random actions, unrecorded, for a random number of steps below the env's
+        time limit (none without one), so that the envs of fixed-length episodes do
+        not all end theirs at the same step. The episode this cuts into is left out
+        of the episode statistics: its return would be a part's."""
+        env = self.envs[i]
+        limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+        if not limit:
+            return obs
+        steps = int(np.random.default_rng(self._seeds[i]).integers(0, limit))
+        try:
+            for _ in range(steps):
+                obs, _, term, trunc, _ = env.step(env.action_space.sample())
+                if term or trunc:
+                    return self._reset_env(i)  # ended on its own: a whole episode starts here
+        except Exception:
+            self._recreate(i, traceback.format_exc())
+            return self._reset_env(i)
+        self._last_obs[i] = obs
+        self._cut_in[i] = steps > 0
+        return obs
 
     def _reset_env(self, i: int):
         while True:
@@ -241,7 +270,11 @@ class SplitEnvs:
                 if not term:
                     self._write_obs(v["final_obs"], (buf, t, i), obs)
                 objective = info.get("true_objective", math.nan)
-                self.finished.append((float(self.episode_return[i]), int(self.episode_length[i]), float(objective)))
+                if self._cut_in[i]:
+                    self._cut_in[i] = False
+                else:
+                    self.finished.append((float(self.episode_return[i]), int(self.episode_length[i]),
+                                          float(objective)))
                 self.episode_return[i] = 0.0
                 self.episode_length[i] = 0
                 obs = self._reset_env(i)

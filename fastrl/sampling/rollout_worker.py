@@ -75,7 +75,8 @@ class RolloutWorker:
         # The splits that step together: agent a of a group's games is in its split a.
         self.groups = [list(range(g, g + agents)) for g in range(0, cfg.num_splits, agents)]
         self.splits = [SplitEnvs(self.spec, env_options(cfg), seeds[s * n:(s + 1) * n], envs[s * n:(s + 1) * n],
-                                 self.views, ctx.action_spec, on_restart=self._publish_env_restarts)
+                                 self.views, ctx.action_spec, on_restart=self._publish_env_restarts,
+                                 decorrelate=cfg.decorrelate_envs)
                        for s in range(cfg.num_splits)]
         mark(f"rollout-worker {index}: envs made")
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
