@@ -6,15 +6,21 @@ import numpy as np
 from fastrl.envs.registry import get_spec
 
 from fastrl.algo.distributions import GaussianSpec
-from fastrl.sampling.env_split import SplitEnvs, make_envs
+from fastrl.sampling.env_split import MAX_STEPS_INTO_EPISODE, SplitEnvs, make_envs
 
 LIMIT = 200  # Pendulum-v1's max_episode_steps: every episode runs to it
 N, T = 8, 16
 
 
-def _split(decorrelate: bool, seeds=tuple(range(100, 100 + N))) -> tuple:
+def _split(decorrelate: bool, seeds=tuple(range(100, 100 + N)), limit: int = LIMIT, on_progress=lambda: None) -> tuple:
     spec = get_spec("Pendulum-v1")
-    envs = make_envs(spec, {}, list(seeds))
+    if limit == LIMIT:
+        envs = make_envs(spec, {}, list(seeds))
+    else:
+        envs = [gymnasium.make("Pendulum-v1", max_episode_steps=limit) for _ in seeds]
+        for env, seed in zip(envs, seeds):
+            env.reset(seed=seed)
+            env.action_space.seed(seed)
     space = envs[0].observation_space
     views = {
         "obs": {"obs": np.zeros((1, T + 1, N, *space.shape), np.float32)},
@@ -25,7 +31,8 @@ def _split(decorrelate: bool, seeds=tuple(range(100, 100 + N))) -> tuple:
         "truncated": np.zeros((1, T + 1, N), bool),
         "episode_start": np.zeros((1, T + 1, N), bool),
     }
-    split = SplitEnvs(spec, {}, list(seeds), envs, views, GaussianSpec(envs[0].action_space), decorrelate=decorrelate)
+    split = SplitEnvs(spec, {}, list(seeds), envs, views, GaussianSpec(envs[0].action_space), decorrelate=decorrelate,
+                      on_progress=on_progress)
     return split, views
 
 
@@ -79,3 +86,15 @@ def test_only_whole_episodes_are_counted():
     finally:
         split.close()
         plain.close()
+
+
+def test_a_long_limit_is_stepped_into_no_further_than_the_cap_and_each_env_is_progress():
+    beats = []
+    split, _ = _split(decorrelate=True, limit=100_000, on_progress=lambda: beats.append(1))
+    try:
+        split.reset_all(0, 0)
+        into = [_elapsed(env) for env in split.envs]
+        assert all(0 <= k < MAX_STEPS_INTO_EPISODE for k in into) and max(into) > MAX_STEPS_INTO_EPISODE // 4, into
+        assert len(beats) == N
+    finally:
+        split.close()

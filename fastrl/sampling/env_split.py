@@ -98,6 +98,13 @@ def close_envs(envs: list) -> None:
             pass
 
 
+# At most this many random steps into an episode (--decorrelate_envs), whatever the
+# env's time limit. Past it, spreading further buys nothing a batch sees (a batch is
+# `rollout` steps of each env), and the start-up cost grows with it: at 1 ms a step,
+# 32 envs spread over [0, 1000) take ~16 s of a core before the first recorded step.
+MAX_STEPS_INTO_EPISODE = 1000
+
+
 class SplitEnvs:
     """The envs of one split and their per-episode bookkeeping.
 
@@ -108,12 +115,13 @@ class SplitEnvs:
 
     def __init__(self, spec, env_options: dict, seeds: list, envs: list, np_views: dict, action_spec,
                  max_consecutive_failures: int = 3, on_restart: Optional[Callable[[], None]] = None,
-                 decorrelate: bool = False):
+                 decorrelate: bool = False, on_progress: Callable[[], None] = lambda: None):
         """`envs`: made by make_envs from `seeds`, one each; a failed env is made
         again from its seed, spec and options. `on_restart` is called after every
         restart is counted in `restarts` and before its replacement is made.
         `decorrelate`: reset_all moves each time-limited env into its episode first
-        (--decorrelate_envs)."""
+        (--decorrelate_envs), calling `on_progress` after each env (slow envs' steps
+        are progress, not a hang)."""
         self._spec = spec
         self._options = env_options
         self._seeds = list(seeds)
@@ -131,6 +139,7 @@ class SplitEnvs:
         self.restarts = 0
         self._on_restart = on_restart
         self._decorrelate = decorrelate
+        self._on_progress = on_progress
         self._cut_in = [False] * self.n  # the episode began before recording did: not counted when it ends
         # The agents of a multi-agent game step in two halves (send, receive).
         self._two_halves = bool(self.envs) and hasattr(self.envs[0], "step_send")
@@ -160,19 +169,21 @@ class SplitEnvs:
             obs = self._reset_env(i)
             if self._decorrelate and not self._two_halves:
                 obs = self._step_into_episode(i, obs)
+                self._on_progress()
             self._write_obs(self._v["obs"], (buf, t, i), obs)
             self._v["episode_start"][buf, t, i] = True
 
     def _step_into_episode(self, i: int, obs):
         """Random actions, unrecorded, for a random number of steps below the env's
-        time limit (none without one), so that the envs of fixed-length episodes do
-        not all end theirs at the same step. The episode this cuts into is left out
-        of the episode statistics: its return would be a part's."""
+        time limit (none without one; at most MAX_STEPS_INTO_EPISODE), so that the
+        envs of fixed-length episodes do not all end theirs at the same step. The
+        episode this cuts into is left out of the episode statistics: its return
+        would be a part's."""
         env = self.envs[i]
         limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
         if not limit:
             return obs
-        steps = int(np.random.default_rng(self._seeds[i]).integers(0, limit))
+        steps = int(np.random.default_rng(self._seeds[i]).integers(0, min(limit, MAX_STEPS_INTO_EPISODE)))
         try:
             for _ in range(steps):
                 obs, _, term, trunc, _ = env.step(env.action_space.sample())

@@ -76,7 +76,7 @@ class RolloutWorker:
         self.groups = [list(range(g, g + agents)) for g in range(0, cfg.num_splits, agents)]
         self.splits = [SplitEnvs(self.spec, env_options(cfg), seeds[s * n:(s + 1) * n], envs[s * n:(s + 1) * n],
                                  self.views, ctx.action_spec, on_restart=self._publish_env_restarts,
-                                 decorrelate=cfg.decorrelate_envs)
+                                 decorrelate=cfg.decorrelate_envs, on_progress=self.row.beat)
                        for s in range(cfg.num_splits)]
         mark(f"rollout-worker {index}: envs made")
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
