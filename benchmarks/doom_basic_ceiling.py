@@ -115,8 +115,7 @@ def to_env_action(action: list) -> np.ndarray:
 
 def check_through_fastrl(plays: list, first_seed: int) -> None:
     """Replay the best plays of the first episodes through fastrl's DoomEnv."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from envs.registry import get_spec
+    from fastrl.envs.registry import get_spec
 
     env = get_spec("doom_basic").make(seed=first_seed)
     try:
