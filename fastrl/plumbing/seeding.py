@@ -60,3 +60,10 @@ def episode_seed(seed_of_env: int, episode: int) -> int:
     """The seed the `episode`-th reset (1, 2, ...) of the env made with `seed_of_env`
     passes to env.reset()."""
     return derive_seed(seed_of_env, 1, episode)
+
+
+def steps_into_episode_seed(seed_of_env: int) -> int:
+    """The seed of the number of steps the env made with `seed_of_env` takes into its
+    first episode (--decorrelate_envs): a stream of its own, not the one the env's
+    action space samples the steps' random actions from (seeded with `seed_of_env`)."""
+    return derive_seed(seed_of_env, 2)

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from fastrl.plumbing.seeding import episode_seed
+from fastrl.plumbing.seeding import episode_seed, steps_into_episode_seed
 
 
 class EnvFailedError(RuntimeError):
@@ -183,7 +183,8 @@ class SplitEnvs:
         limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
         if not limit:
             return obs
-        steps = int(np.random.default_rng(self._seeds[i]).integers(0, min(limit, MAX_STEPS_INTO_EPISODE)))
+        rng = np.random.default_rng(steps_into_episode_seed(self._seeds[i]))
+        steps = int(rng.integers(0, min(limit, MAX_STEPS_INTO_EPISODE)))
         try:
             for _ in range(steps):
                 obs, _, term, trunc, _ = env.step(env.action_space.sample())
