@@ -144,6 +144,9 @@ class Config:
                              "with --normalize_returns.")
     entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
+    target_kl: float = _opt(0.0, "End a batch's passes early once a minibatch's approximate KL from the policy at the batch's "
+                            "start exceeds this; that minibatch takes no step (0 = every pass runs). Costs one forward of "
+                            "the batch without gradients when a batch takes more than one step.")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
     max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest. "
                                "A learner step is one batch trained, and one policy version: ppo_epochs x num_minibatches "
@@ -359,6 +362,7 @@ def validate(cfg: Config, writes: bool = True) -> None:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "reward_clip", "entropy_coef", "learner_threads", "value_clip",
+                 "target_kl",
                  "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts",
                  "doom_engine_recycle_episodes", "doom_agents"):
         if getattr(cfg, name) < 0:

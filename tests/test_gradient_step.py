@@ -199,7 +199,7 @@ def test_a_pass_of_single_samples_in_any_order_takes_the_whole_batch_step(kind):
 
     model, optimizer = twin, torch.optim.SGD(twin.parameters(), lr=0.0)
     samples = flat_samples(batch, valid)
-    targets = batch_targets(cfg, model, batch, valid)
+    targets, _ = batch_targets(cfg, model, batch, valid)
     samples.update(vs=targets.vs_tm1.flatten(), pg_advantage=targets.pg_advantage_t.flatten())
     order = torch.randperm(T * B)
     shuffled, _ = sample_gradient_step(cfg, model, optimizer, {k: _rows(v, order) for k, v in samples.items()})

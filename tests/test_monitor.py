@@ -51,6 +51,7 @@ def test_scalars_from_maps_every_source():
         "lag/dropped_fraction": 0.1,
         "perf/env_restarts": 2.0,
         "perf/nonfinite_skips": 0.0,
+        "train/kl_stops": 0.0,
         "loss/policy": -0.1, "loss/value": 0.5, "loss/entropy": 0.69, "loss/approx_kl": 0.01,
         "loss/clip_fraction": 0.2, "loss/explained_variance": 0.3, "loss/total": 0.4, "loss/grad_norm": 1.5,
         "loss/lr": 3e-4,

@@ -92,7 +92,7 @@ def _explained_variance(v_tm1, target_tm1, valid_t):
     return torch.where(var_target > 0, 1 - var(target_tm1 - v_tm1) / var_target, torch.nan)
 
 
-def _approx_kl(log_ratio_t, valid_t):
+def approx_kl(log_ratio_t, valid_t):
     """KL(behaviour || current) estimated from log(current / behaviour) on the
     behaviour policy's samples: mean((ratio - 1) - log_ratio), never negative (Schulman's k3)."""
     log_ratio_t = torch.where(valid_t > 0, log_ratio_t, 0)
@@ -119,9 +119,10 @@ class APPOLoss(NamedTuple):
     value_target_mean: torch.Tensor  # of the V-trace targets, in return units
     value_target_std: torch.Tensor
     vs_tm1: torch.Tensor  # [T, B] V-trace targets in return units (for a return normalizer); not a log stat
+    log_ratio_t: torch.Tensor  # [T, B] log(current / behaviour), detached (for a KL bound on the step); not a log stat
 
 
-STAT_FIELDS = tuple(name for name in APPOLoss._fields if name not in ("total", "vs_tm1"))
+STAT_FIELDS = tuple(name for name in APPOLoss._fields if name not in ("total", "vs_tm1", "log_ratio_t"))
 
 
 def appo_loss(
@@ -254,7 +255,7 @@ def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid
         exploration = _masked_mean(exploration_t, valid_t)
     total = policy.loss + value_coef * value + entropy_coef * exploration
     if not stats:
-        return APPOLoss(total=total, vs_tm1=vs_tm1, **dict.fromkeys(STAT_FIELDS))
+        return APPOLoss(total=total, vs_tm1=vs_tm1, log_ratio_t=log_ratio_t.detach(), **dict.fromkeys(STAT_FIELDS))
 
     with torch.no_grad():
         adv_mean = _masked_mean(pg_advantage_t, valid_t)
@@ -265,7 +266,7 @@ def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid
             value_loss=value.detach(),
             entropy=-entropy.detach(),
             clip_fraction=policy.clip_fraction,
-            approx_kl=_approx_kl(log_ratio_t, valid_t),
+            approx_kl=approx_kl(log_ratio_t, valid_t),
             advantage_mean=adv_mean,
             advantage_std=_masked_mean((pg_advantage_t - adv_mean) ** 2, valid_t).sqrt(),
             explained_variance=_explained_variance(v_tm1.detach() * value_std + value_mean, vs_tm1, valid_t),
@@ -273,4 +274,5 @@ def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid
             value_target_mean=target_mean,
             value_target_std=_masked_mean((vs_tm1 - target_mean) ** 2, valid_t).sqrt(),
             vs_tm1=vs_tm1,
+            log_ratio_t=log_ratio_t.detach(),
         )

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss, loss_on_targets, vtrace_targets
+from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss, approx_kl, loss_on_targets, vtrace_targets
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
 from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
@@ -216,25 +216,30 @@ class Learner:
             self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
 
         T, B = batch["rewards"].shape
-        samples = None
+        bounded = cfg.target_kl > 0 and cfg.ppo_epochs * cfg.num_minibatches > 1
+        if cfg.minibatches_of_samples:
+            # Once per batch, with the weights before this batch's first step: on
+            # policy (lag 0) pi = mu there, every importance weight is 1 and the
+            # targets are GAE(lambda)'s, fixed for every pass, as in PPO.
+            samples = flat_samples(batch, valid)
+            targets, start_log_ratio = batch_targets(cfg, self.model, batch, valid)
+            samples.update(vs=targets.vs_tm1.flatten(), pg_advantage=targets.pg_advantage_t.flatten())
+            if bounded:
+                samples["start_log_ratio"] = start_log_ratio.flatten()
+        elif bounded:
+            batch = {**batch, "start_log_ratio": start_log_ratios(self.model, batch)}
         for _ in range(cfg.ppo_epochs):
             if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
-                self._gradient_step(batch, valid)
+                parts = [lambda: self._gradient_step(batch, valid)]
             elif cfg.minibatches_of_samples:
-                if samples is None:
-                    # Once per batch, with the weights before this batch's first step: on
-                    # policy (lag 0) pi = mu there, every importance weight is 1 and the
-                    # targets are GAE(lambda)'s, fixed for every pass, as in PPO.
-                    samples = flat_samples(batch, valid)
-                    targets = batch_targets(cfg, self.model, batch, valid)
-                    samples.update(vs=targets.vs_tm1.flatten(), pg_advantage=targets.pg_advantage_t.flatten())
-                order = torch.randperm(T * B, device=dev)
-                for part in order.chunk(cfg.num_minibatches):
-                    self._sample_step({k: _rows(v, part) for k, v in samples.items()})
+                parts = [lambda rows=rows: self._sample_step({k: _rows(v, rows) for k, v in samples.items()})
+                         for rows in torch.randperm(T * B, device=dev).chunk(cfg.num_minibatches)]
             else:
-                order = torch.randperm(B, device=dev)
-                for cols in order.chunk(cfg.num_minibatches):
-                    self._gradient_step(_columns(batch, cols), valid[:, cols])
+                parts = [lambda cols=cols: self._gradient_step(_columns(batch, cols), valid[:, cols])
+                         for cols in torch.randperm(B, device=dev).chunk(cfg.num_minibatches)]
+            if not all(step() for step in parts):  # all() stops at the first step the KL bound refused
+                self.row.add("kl_stops", 1)
+                break
         self.samples_trained += int(valid.sum().item())
         self.row.add("samples_trained", valid.sum().item())
         self.version += 1
@@ -242,13 +247,14 @@ class Learner:
         self.params.publish(flat_state(self.model), self.version)
         self._send_compile_news()
 
-    def _gradient_step(self, mb: dict, valid: torch.Tensor) -> None:
+    def _gradient_step(self, mb: dict, valid: torch.Tensor) -> bool:
+        """One step on a minibatch of trajectories: False when the KL bound refused it."""
         self.compiled.before_step(mb)
         start = time.perf_counter()
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers,
                                        stats=self._metrics_due())
         self.compiled.after_step(time.perf_counter() - start)
-        self._stepped(out, grad_norm)
+        return self._stepped(out, grad_norm)
 
     def _send_compile_news(self) -> None:
         """The compile's start and its choice, once each, after the batch that brought
@@ -265,18 +271,23 @@ class Learner:
             except queue.Full:
                 pass  # a report only
 
-    def _sample_step(self, samples: dict) -> None:
-        self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers,
-                                            stats=self._metrics_due()))
+    def _sample_step(self, samples: dict) -> bool:
+        """One step on single samples: False when the KL bound refused it."""
+        return self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers,
+                                                   stats=self._metrics_due()))
 
-    def _stepped(self, out, grad_norm) -> None:
-        """After a gradient step: count a skipped one (not finite), or note its metrics."""
+    def _stepped(self, out, grad_norm) -> bool:
+        """After a gradient step: count a skipped one (not finite), or note its
+        metrics. False when the KL bound refused the step (no grad norm)."""
+        if grad_norm is None:
+            return False
         if out is None:
             self._skip_nonfinite()
-            return
+            return True
         self._nonfinite_in_a_row = 0
         if out.approx_kl is not None:  # a step that computed its statistics: _metrics_due said so
             self._note_metrics(out, grad_norm)
+        return True
 
     def _take_hyper(self) -> None:
         """Take the hyperparameters population-based training gave this policy since
@@ -357,7 +368,10 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
                   loss=None, stats: bool = True):
     """One APPO gradient step on a time-major minibatch (the learner's, and what the
     profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
-    loss or gradient was not finite and the step was skipped. `loss` computes the
+    loss or gradient was not finite and the step was skipped, or (loss terms, None)
+    when the minibatch holds "start_log_ratio" (log pi / mu under the weights at
+    its batch's start) and its approximate KL from those weights is past
+    --target_kl: then no step is taken (kl_bound_crossed). `loss` computes the
     loss as trajectory_loss does (benchmarks/compile_vs_eager.py passes a compiled one);
     stats=False leaves the loss's logging statistics out (None).
 
@@ -366,7 +380,7 @@ def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: O
     rank's if the loss was not finite on any, and the return normaliser takes in every
     rank's targets; so each rank takes the same step."""
     out = (loss or trajectory_loss)(cfg, model, mb, valid, stats=stats)
-    return _descend(cfg, model, optimizer, out, valid, peers)
+    return _descend(cfg, model, optimizer, out, valid, peers, kl_bound_crossed(cfg, out, mb, valid))
 
 
 def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None, stats: bool = True):
@@ -401,17 +415,36 @@ def _loss_settings(cfg, behaviour_v_tm1: torch.Tensor) -> dict:
                 value_clip=cfg.value_clip if clipped else None)
 
 
-def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Peers]):
+def kl_bound_crossed(cfg, out, mb: dict, valid: torch.Tensor) -> bool:
+    """Whether the policy has moved past --target_kl from the weights at the start
+    of its batch, on this minibatch's samples. KL(start || now) is estimated on
+    the acting policy's samples, without weighting them to the start's: the two
+    are a few learner versions apart, and the bound is a brake, not a measurement."""
+    if "start_log_ratio" not in mb:
+        return False
+    return bool(approx_kl(out.log_ratio_t - mb["start_log_ratio"], valid) > cfg.target_kl)
+
+
+def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Peers], over_kl: bool = False):
     """Backward from `out.total`, the gradient averaged over ranks and clipped, the
     optimiser's step and the return normaliser's update: (out, grad norm), or
-    (None, grad norm) when the loss or gradient was not finite."""
+    (None, grad norm) when the loss or gradient was not finite, or (out, None)
+    when `over_kl` (on any rank) refused the step."""
+    if over_kl and peers is None:
+        return out, None  # no backward for a step that will not be taken
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
     finite_loss = bool(torch.isfinite(out.total))
     if peers is not None:
+        # Every rank must take the same step, so a rank's refusal is every rank's:
+        # it rides on the gradient's all-reduce rather than costing one of its own.
         samples = float(valid.sum())
-        _, (nonfinite,) = peers.average_gradients(model.parameters(), samples, [0.0 if finite_loss else 1.0])
+        _, (nonfinite, refused) = peers.average_gradients(model.parameters(), samples,
+                                                          [0.0 if finite_loss else 1.0, float(over_kl)])
         finite_loss = nonfinite == 0
+        if refused > 0:
+            optimizer.zero_grad(set_to_none=True)
+            return out, None
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if not (finite_loss and torch.isfinite(grad_norm)):
@@ -440,15 +473,25 @@ def _time_limits(cfg, model, mb: dict, ev):
 
 @torch.no_grad()
 def batch_targets(cfg, model, batch: dict, valid: torch.Tensor):
-    """V-trace's targets and advantages (VTraceReturns, [T, B], return units) of a
-    whole batch of trajectories under the model's weights now: what the batch's
-    passes of single-sample minibatches train towards (--minibatch_split samples)."""
+    """(V-trace's targets and advantages (VTraceReturns, [T, B], return units),
+    log pi / mu [T, B]) of a whole batch of trajectories under the model's weights
+    now: what the batch's passes of single-sample minibatches train towards
+    (--minibatch_split samples), and where their KL bound is measured from."""
     ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
     value_mean, value_std = model.value_scale()
     terminated, truncated, v_final = _time_limits(cfg, model, batch, ev)
-    return vtrace_targets(ev.values * value_std + value_mean, ev.logp - batch["behaviour_logp"],
-                          learned_rewards(cfg, batch["rewards"]), terminated.float(), truncated.float(), v_final, valid,
-                          **_trace_settings(cfg))
+    log_ratio_t = ev.logp - batch["behaviour_logp"]
+    targets = vtrace_targets(ev.values * value_std + value_mean, log_ratio_t, learned_rewards(cfg, batch["rewards"]),
+                             terminated.float(), truncated.float(), v_final, valid, **_trace_settings(cfg))
+    return targets, log_ratio_t
+
+
+@torch.no_grad()
+def start_log_ratios(model, batch: dict) -> torch.Tensor:
+    """log pi / mu [T, B] of a batch of trajectories under the weights at its
+    start: what --target_kl measures each later step's KL from."""
+    ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
+    return ev.logp - batch["behaviour_logp"]
 
 
 def flat_samples(batch: dict, valid: torch.Tensor) -> dict:
@@ -478,7 +521,7 @@ def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[P
         exploration_t=uniform_kl.unsqueeze(0) if uniform_kl is not None else None,
         value_mean=value_mean, value_std=value_std, stats=stats, **_loss_settings(cfg, row["behaviour_value"]),
     )
-    return _descend(cfg, model, optimizer, out, row["valid"], peers)
+    return _descend(cfg, model, optimizer, out, row["valid"], peers, kl_bound_crossed(cfg, out, row, row["valid"]))
 
 
 def _rows(value, rows: torch.Tensor):

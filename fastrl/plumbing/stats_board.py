@@ -27,6 +27,7 @@ FIELDS = (
     "learner_steps",      # batches trained = policy version (learner); epochs x minibatches optimiser steps each
     "lag_min", "lag_mean", "lag_max", "lag_p90",  # policy lag of the last batch, in learner steps
     "nonfinite_skips",    # updates skipped for a non-finite loss or gradient (learner)
+    "kl_stops",           # batches whose passes --target_kl ended early (learner)
     "env_restarts",       # envs re-created after raising (rollout workers)
     "trajectories_discarded",  # trajectories thrown away (a worker restarted)
     "policy_reloads",     # times new params were copied in (inference)

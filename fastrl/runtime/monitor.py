@@ -90,6 +90,7 @@ def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, el
         "lag/dropped_fraction": board.get("learner", "samples_dropped") / received if received else None,
         "perf/env_restarts": board.total("env_restarts"),
         "perf/nonfinite_skips": board.get("learner", "nonfinite_skips"),
+        "train/kl_stops": board.get("learner", "kl_stops"),
     }
     for key, name in _LOSS_NAMES.items():
         if key in metrics:

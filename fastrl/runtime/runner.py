@@ -941,6 +941,7 @@ class Runner:
             "plan": dataclasses.asdict(self.plan) if self.plan else None,
             "measured_trained_frames_per_s": self.measured_trained_steps_per_s() * self.spec.frameskip,
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
+            "kl_stops": self.ctx.board.get("learner", "kl_stops"),
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
             "learner_restarts": self.earlier.learner_restarts,
             COMPILE_KEY: self.metrics.get(COMPILE_KEY),
