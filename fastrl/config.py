@@ -125,7 +125,7 @@ class Config:
         "trajectories: its state needs the steps before.",
         choices=("samples", "trajectories"),
     )
-    lr: float = _opt(2e-3, "Adam learning rate; 3e-4 when the env's actions are continuous (a Box), unless its "
+    lr: float = _opt(2e-3, "Adam learning rate; 1e-3 (with --target_kl 0.01) when the env's actions are continuous (a Box), unless its "
                           "name's presets set one (fastrl/presets.py). 2e-3, not 1e-3: CartPole-v1 and LunarLander-v3 "
                           "reach their targets sooner (benchmarks/README.md, twentieth session).")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
@@ -145,8 +145,9 @@ class Config:
     entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
     target_kl: float = _opt(0.0, "End a batch's passes early once a minibatch's approximate KL from the policy at the batch's "
-                            "start exceeds this; that minibatch takes no step (0 = every pass runs). Costs one forward of "
-                            "the batch without gradients when a batch takes more than one step.")
+                            "start exceeds this; that minibatch takes no step (0 = every pass runs; 0.01 when the env's actions "
+                            "are continuous, fastrl/presets.py). Costs one forward of the batch without gradients when a "
+                            "batch takes more than one step.")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
     max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest. "
                                "A learner step is one batch trained, and one policy version: ppo_epochs x num_minibatches "

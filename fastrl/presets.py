@@ -93,13 +93,18 @@ ENV_PRESETS = {
 
 # Continuous actions (a Box action space), whatever the env's name. Known only once
 # an env is made, so applied then (preset_for_spaces), under the name's presets.
-# At an lr of 1e-3 (the discrete default then) Pendulum-v1 reached -200 in ~25 s and then
-# fell back for seconds at a time on 3 of 3 seeds (one seed ended at -562 after
-# 150 s); at 3e-4 it reached -200 as fast (25.1 / 25.2 / 35.1 s) and never fell
-# back (AMD EPYC, 2 cores; benchmarks/README.md, thirteenth and fourteenth
-# sessions), with the Gaussian's mean held inside the bounds (GaussianSpec.mean)
-# in both. CartPole and LunarLander (discrete) take the default 2e-3, where they are fastest.
-_CONTINUOUS_ACTIONS = {"lr": 3e-4}
+# A large step with a brake on it: at lr 1e-3 alone Pendulum-v1 reaches -200 fast
+# and then falls back for seconds at a time (25 reports under -250 after reaching
+# it, on 3 seeds); the smaller 3e-4 held (0) but took 1.7x as long to get there.
+# With the batch's passes ended once the policy has moved a KL of 0.01 from the
+# batch's start (--target_kl), lr 1e-3 reached -200 in 36.7 s median over 6 seeds
+# against 3e-4's 62.3 s over 3 in the same hour, held as well (last 30 s -162
+# against -167) and trained more frames (most batches end after a few steps); a
+# bound of 0.03 was as fast (34.6 s) and fell back more (17 reports under -250 on 6
+# seeds against 5). Zen 3 EPYC, 2 cores; benchmarks/README.md, thirty-fourth
+# session. The two go together: where a name's presets set either, neither applies.
+# CartPole and LunarLander (discrete) take the default 2e-3, where they are fastest.
+_CONTINUOUS_ACTIONS = {"lr": 1e-3, "target_kl": 0.01}
 
 # Vector observations (classic control), whatever the actions: V-trace's lambda 0.95
 # (GAE's usual lambda). Against lambda 1, same hour, AMD EPYC: LunarLander-v3 reached
@@ -126,10 +131,14 @@ def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
     whole and keeps its own values."""
     import gymnasium
 
-    values = {}
-    if isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1:
-        values.update(_VECTOR_OBSERVATIONS)
-    if isinstance(action_space, gymnasium.spaces.Box):
-        values.update(_CONTINUOUS_ACTIONS)
     named = preset_for(env_name)
-    return {k: v for k, v in values.items() if k not in named}
+    groups = []
+    if isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1:
+        groups.append(_VECTOR_OBSERVATIONS)
+    if isinstance(action_space, gymnasium.spaces.Box):
+        groups.append(_CONTINUOUS_ACTIONS)
+    values = {}
+    for group in groups:  # a group's values were measured together: all of it, or none
+        if not named.keys() & group.keys():
+            values.update(group)
+    return values

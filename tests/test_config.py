@@ -116,7 +116,7 @@ def test_env_presets_replace_defaults_but_never_explicit_options():
 def test_vector_observations_and_continuous_actions_bring_their_defaults_unless_the_name_presets_set_them():
     box = gymnasium.spaces.Box(-2.0, 2.0, (1,))
     vector, image = gymnasium.spaces.Box(-1.0, 1.0, (4,)), gymnasium.spaces.Box(0, 255, (3, 36, 36), "uint8")
-    assert preset_for_spaces("Pendulum-v1", vector, box) == {"lr": 3e-4, "vtrace_lambda": 0.95}
+    assert preset_for_spaces("Pendulum-v1", vector, box) == {"lr": 1e-3, "target_kl": 0.01, "vtrace_lambda": 0.95}
     assert preset_for_spaces("CartPole-v1", vector, gymnasium.spaces.Discrete(2)) == {"vtrace_lambda": 0.95}
     assert preset_for_spaces("ReactImage-v0", image, gymnasium.spaces.Discrete(2)) == {}  # images keep lambda 1
     assert preset_for_spaces("doom_basic", image, box) == {}  # tuned as a whole: its own lr and lambda stand
@@ -142,9 +142,9 @@ def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_
     from fastrl.runtime.runner import prepare_experiment
 
     cfg = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off")
-    assert prepare_experiment(cfg, set())[0].lr == 3e-4
-    given = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off", lr=1e-3)
-    assert prepare_experiment(given, {"lr"})[0].lr == 1e-3  # --lr 1e-3 given: kept
+    assert (prepare_experiment(cfg, set())[0].lr, prepare_experiment(cfg, set())[0].target_kl) == (1e-3, 0.01)
+    given = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off", lr=3e-4)
+    assert prepare_experiment(given, {"lr"})[0].lr == 3e-4  # --lr 3e-4 given: kept
     discrete = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off")
     assert prepare_experiment(discrete, set())[0].lr == 2e-3
     # CartPole's observation is a vector, as the env made it: the spaces' preset reaches it.
