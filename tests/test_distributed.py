@@ -20,7 +20,7 @@ from test_gradient_step import OBS, _batch, _on_policy
 from fastrl.algo.model import ActorCritic, RunningNorm
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_latest_checkpoint
-from fastrl.learning.learner import _columns, gradient_step, lag_mask
+from fastrl.learning.learner import _columns, gradient_step, lag_mask, start_log_ratios
 from fastrl.plumbing.collectives import PeerError, Peers
 from fastrl.plumbing.proc import start_process_server
 from fastrl.plumbing.ranks import Rank, RankError, _physical_cores, core_share, detect_rank
@@ -161,6 +161,25 @@ def _skip_on(rank, peers, batch):
 
 def test_a_step_skipped_on_one_rank_is_skipped_on_every_rank():
     assert on_two_ranks(_skip_on, _batch()) == [(True, True), (True, True)]
+
+
+def _kl_bound_on(rank, peers, batch):
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = _on_policy(model, batch)
+    batch["start_log_ratio"] = start_log_ratios(model, batch)  # rank 0: at the batch's start, KL 0
+    if rank == 1:
+        batch["start_log_ratio"] += 1.0  # rank 1's policy has moved: KL e^-1 - 1 + 1 = 0.37
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _, grad_norm = gradient_step(Config(env="CartPole-v1", target_kl=0.01), model, optimizer, batch,
+                                 torch.ones(5, 6), peers)
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    return grad_norm is None, unchanged
+
+
+def test_a_step_refused_by_the_kl_bound_on_one_rank_is_refused_on_every_rank():
+    assert on_two_ranks(_kl_bound_on, _batch()) == [(True, True), (True, True)]
 
 
 def _normalise_on(rank, peers, batches):
