@@ -203,7 +203,7 @@ class Learner:
     # -- one batch ----------------------------------------------------------------------
     def train_on(self, batch: dict) -> None:
         """One learner step on a batch already on the learner's device."""
-        cfg, dev = self.cfg, self.device
+        cfg = self.cfg
         lag, valid = lag_mask(self.version, batch["policy_version"], cfg.max_policy_lag)
         self._record_lag(lag, valid)
         if cfg.normalize_obs:
@@ -215,8 +215,8 @@ class Learner:
             # Every rank's frames, as of the last agreement: the same count on every rank.
             self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
 
-        T, B = batch["rewards"].shape
         bounded = cfg.target_kl > 0 and cfg.ppo_epochs * cfg.num_minibatches > 1
+        samples = None  # single-sample minibatches' rows, with their targets (--minibatch_split samples)
         if cfg.minibatches_of_samples:
             # Once per batch, with the weights before this batch's first step: on
             # policy (lag 0) pi = mu there, every importance weight is 1 and the
@@ -228,24 +228,29 @@ class Learner:
                 samples["start_log_ratio"] = start_log_ratio.flatten()
         elif bounded:
             batch = {**batch, "start_log_ratio": start_log_ratios(self.model, batch)}
-        for _ in range(cfg.ppo_epochs):
-            if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
-                parts = [lambda: self._gradient_step(batch, valid)]
-            elif cfg.minibatches_of_samples:
-                parts = [lambda rows=rows: self._sample_step({k: _rows(v, rows) for k, v in samples.items()})
-                         for rows in torch.randperm(T * B, device=dev).chunk(cfg.num_minibatches)]
-            else:
-                parts = [lambda cols=cols: self._gradient_step(_columns(batch, cols), valid[:, cols])
-                         for cols in torch.randperm(B, device=dev).chunk(cfg.num_minibatches)]
-            if not all(step() for step in parts):  # all() stops at the first step the KL bound refused
-                self.row.add("kl_stops", 1)
-                break
+        if not all(self._passes(batch, valid, samples)):  # all() takes no step past the first one refused
+            self.row.add("kl_stops", 1)
         self.samples_trained += int(valid.sum().item())
         self.row.add("samples_trained", valid.sum().item())
         self.version += 1
         self.row.set("learner_steps", self.version)
         self.params.publish(flat_state(self.model), self.version)
         self._send_compile_news()
+
+    def _passes(self, batch: dict, valid: torch.Tensor, samples: Optional[dict]):
+        """The batch's --ppo_epochs passes, one gradient step at a time as it is
+        asked for: yields whether each step was taken (False: the KL bound refused it)."""
+        cfg, dev = self.cfg, self.device
+        T, B = batch["rewards"].shape
+        for _ in range(cfg.ppo_epochs):
+            if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
+                yield self._gradient_step(batch, valid)
+            elif samples is not None:
+                for rows in torch.randperm(T * B, device=dev).chunk(cfg.num_minibatches):
+                    yield self._sample_step({k: _rows(v, rows) for k, v in samples.items()})
+            else:
+                for cols in torch.randperm(B, device=dev).chunk(cfg.num_minibatches):
+                    yield self._gradient_step(_columns(batch, cols), valid[:, cols])
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> bool:
         """One step on a minibatch of trajectories: False when the KL bound refused it."""
