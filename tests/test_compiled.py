@@ -3,6 +3,7 @@ of the policy gives eager's outputs and gradients, and the switch keeps whicheve
 the timed steps say is faster, staying eager on any failure."""
 import copy
 import functools
+import os
 import signal
 import sys
 
@@ -163,6 +164,34 @@ def test_the_gil_changes_hands_often_while_the_compile_thread_runs_and_as_before
     assert (chooser._warm_error is not None) == fails
 
 
+def forget_inductors_cache_dir(monkeypatch):
+    """No TORCHINDUCTOR_CACHE_DIR, as in a fresh shell (inductor sets it in any
+    process that compiled), put back as it was after the test."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+
+
+def test_the_compile_keeps_inductors_cache_in_the_users_cache_unless_told_where(no_real_compile, monkeypatch,
+                                                                                 tmp_path):
+    # Inductor's default, /tmp/torchinductor_<user>, is emptied at boot on most
+    # systems: every reboot meant minutes of a cold compile beside the next run.
+    def start_compile():
+        _, model, mb = small_image_model()
+        chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True)
+        chooser.before_step(mb)
+        chooser.after_step(1.0)
+        chooser._warm.join(timeout=60)
+        assert chooser._warm_error is None
+
+    forget_inductors_cache_dir(monkeypatch)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    start_compile()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "fastrl" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    start_compile()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
 def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):
     _, model, mb = small_image_model()
     report = drive(CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False), mb,
@@ -201,12 +230,14 @@ def test_no_compile_is_tried_where_none_is_wanted(monkeypatch, mode, auto_compil
     assert drive(chooser, mb, {"eager": 1.0, "compiled": 0.1}) is None and chooser.state == "eager"
 
 
-def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path):
+def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path, monkeypatch):
     # A small recurrent model keeps the compile short (a cold one took ~30 s on 2
     # busy cores); `on` skips the timing, so the line comes one step after it.
+    forget_inductors_cache_dir(monkeypatch)
+    cache = tmp_path / "cache"
     run = TrainRun(["--env", "CartPole-v1", "--use_rnn", "true", "--rnn_size", "16", "--rollout", "8",
                     "--compile_learner", "on", "--train_for_seconds", "240", "--train_dir", str(tmp_path),
-                    "--status_every_seconds", "10"])
+                    "--status_every_seconds", "10"], env={"XDG_CACHE_HOME": str(cache)})
     try:
         run.wait_for_line(lambda line: "the learner's step runs compiled, asked for (--compile_learner on)" in line,
                           timeout=200)
@@ -223,3 +254,4 @@ def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path):
     first_batch = next(i for i, line in enumerate(run.lines) if line.startswith("fastrl: first batch trained"))
     assert first_batch < run.lines.index(said[0]), run.output()  # the compile begins after the first step
     assert run.leftover_processes() == []
+    assert os.listdir(cache / "fastrl" / "inductor")  # what it compiled outlives a reboot

@@ -30,6 +30,7 @@ dtypes, so the learner's compile matches the cached one instead of compiling ane
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import sys
 import threading
@@ -37,6 +38,8 @@ import time
 from typing import Optional
 
 import torch
+
+from fastrl.plumbing.files import user_cache
 
 # `auto` compiles only image models with a GRU core, on a CPU. With a GRU the
 # unrolled loop is one graph to fuse, forward and backward. doom_basic's image
@@ -81,6 +84,14 @@ CLOSE_CALL = 0.05
 # compile thread ends.
 COMPILE_SWITCH_INTERVAL_S = 1e-4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
+# Where inductor keeps what it compiled, unless the user says (TORCHINDUCTOR_CACHE_DIR).
+# Its own default is /tmp/torchinductor_<user>, which most Linux systems empty at boot,
+# so every reboot meant a cold compile again: minutes of a core beside the run on 2
+# cores (doom_battle's took 164.5 s on a Zen 3 EPYC, and doom_defend_the_center's had
+# not finished 150 s after launch on an Intel Xeon, the run meanwhile slower than
+# Sample Factory's; benchmarks/README.md). A warm one takes 7-16 s. The price is disk:
+# ~160 MB for the Doom models' setups on one machine.
+INDUCTOR_CACHE = "inductor"
 
 
 def auto_compiles(images: bool, use_rnn: bool, device_type: str) -> bool:
@@ -172,6 +183,7 @@ class CompiledEvaluate:
         self.state = "armed"
 
     def _start_warm(self) -> None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache(INDUCTOR_CACHE))
         replica = copy.deepcopy(self.model)
         inputs, self._inputs = self._inputs, None
         self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs),

@@ -32,6 +32,8 @@ from typing import Optional
 
 import psutil
 
+from fastrl.plumbing.files import user_cache
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "caching_allocator.cpp")
 BUILD_TIMEOUT_S = 120.0
 MIN_BYTES = 1 << 20  # smaller blocks glibc serves from its heap, reused without the kernel
@@ -59,8 +61,7 @@ def _library_path(compiler: str) -> str:
 
     with open(SOURCE, "rb") as fh:
         key = hashlib.sha1(fh.read() + f"{torch.__version__} {compiler}".encode()).hexdigest()[:16]
-    root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "allocator")
-    return os.path.join(root, f"caching_allocator_{key}.so")
+    return os.path.join(user_cache("allocator"), f"caching_allocator_{key}.so")
 
 
 def _build(path: str, compiler: str) -> None:

@@ -2,7 +2,7 @@
 cached profiles, a bench report. A reader (a resumed run, enjoy, a script polling
 summary.json as a run ends) finds the old file or the new one, never half of one.
 And whether a path can be written at all, asked before a command starts work
-whose result would go there."""
+whose result would go there; and where fastrl keeps what outlives a run."""
 from __future__ import annotations
 
 import contextlib
@@ -30,6 +30,12 @@ def write_json(path: str, data, **dump_options) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def user_cache(name: str) -> str:
+    """fastrl's folder `name` in the user's cache (XDG_CACHE_HOME, else ~/.cache):
+    what a machine's later runs reuse, kept across reboots, unlike /tmp."""
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", name)
 
 
 def cannot_write(path: str, folder: bool = False) -> Optional[str]:

@@ -44,7 +44,7 @@ from fastrl.envs.registry import get_spec
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.learner import gradient_step
 from fastrl.plumbing.caching_allocator import learner_memory
-from fastrl.plumbing.files import write_json
+from fastrl.plumbing.files import user_cache, write_json
 from fastrl.plumbing.proc import on_one_core, pin_to_core, run_child, usable_cores
 from fastrl.plumbing.seeding import env_seed
 from fastrl.sampling.env_split import make_match_agents
@@ -685,8 +685,7 @@ def cache_path(setup: dict) -> str:
     setup pays for measuring it."""
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
                       "code": _source_digest(), **setup}, sort_keys=True)
-    root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", "profiles")
-    return os.path.join(root, hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    return os.path.join(user_cache("profiles"), hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
 
 
 def write_cache(path: str, data: dict) -> None:
