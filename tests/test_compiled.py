@@ -231,8 +231,9 @@ def test_no_compile_is_tried_where_none_is_wanted(monkeypatch, mode, auto_compil
 
 
 def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path, monkeypatch):
-    # A small recurrent model keeps the compile short (a cold one took ~30 s on 2
-    # busy cores); `on` skips the timing, so the line comes one step after it.
+    # A small recurrent model keeps the compile short (cold, as here in a cache of
+    # the test's own, 30-50 s on 2 busy cores); `on` skips the timing, so the line
+    # comes one step after it.
     forget_inductors_cache_dir(monkeypatch)
     cache = tmp_path / "cache"
     run = TrainRun(["--env", "CartPole-v1", "--use_rnn", "true", "--rnn_size", "16", "--rollout", "8",
