@@ -230,8 +230,9 @@ class Learner:
             batch = {**batch, "start_log_ratio": start_log_ratios(self.model, batch)}
         if not all(self._passes(batch, valid, samples)):  # all() takes no step past the first one refused
             self.row.add("kl_stops", 1)
-        self.samples_trained += int(valid.sum().item())
-        self.row.add("samples_trained", valid.sum().item())
+        trained = int(valid.sum().item())
+        self.samples_trained += trained
+        self.row.add("samples_trained", trained)
         self.version += 1
         self.row.set("learner_steps", self.version)
         self.params.publish(flat_state(self.model), self.version)
