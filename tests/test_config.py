@@ -142,7 +142,8 @@ def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_
     from fastrl.runtime.runner import prepare_experiment
 
     cfg = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off")
-    assert (prepare_experiment(cfg, set())[0].lr, prepare_experiment(cfg, set())[0].target_kl) == (1e-3, 0.01)
+    prepared = prepare_experiment(cfg, set())[0]
+    assert (prepared.lr, prepared.target_kl) == (1e-3, 0.01)
     given = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off", lr=3e-4)
     assert prepare_experiment(given, {"lr"})[0].lr == 3e-4  # --lr 3e-4 given: kept
     discrete = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off")
