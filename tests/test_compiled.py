@@ -123,6 +123,36 @@ def test_a_close_call_is_timed_for_twice_the_steps_before_the_choice(no_real_com
     assert len(clear._times["compiled"]) == TIMED_STEPS
 
 
+@pytest.mark.parametrize("prior, compiled_s, chosen, judged", [
+    # One noisy timing (1.03x) against four earlier runs at 0.80-0.90x: compiled, on their median.
+    ([0.85, 0.88, 0.80, 0.90], 1.03, "compiled", 0.88),
+    # Only the last PRIOR_RUNS count: the two oldest (slower) ones are forgotten.
+    ([1.2, 1.2, 0.85, 0.88, 0.80, 0.90], 1.03, "compiled", 0.88),
+    # Earlier runs that kept eager hold against one fast timing.
+    ([1.05, 1.10], 0.80, "eager", 1.05),
+    # A step that truly turned slower is judged so once most of the runs say it.
+    ([0.85, 0.88, 1.10, 1.12], 1.05, "eager", 1.05),
+])
+def test_auto_judges_its_timing_with_what_earlier_runs_measured(no_real_compile, prior, compiled_s, chosen, judged):
+    assert compiled_module.PRIOR_RUNS == 4
+    _, model, mb = small_image_model()
+    chooser = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True, prior=prior)
+    report = drive(chooser, mb, {"eager": 1.0, "compiled": compiled_s})
+    assert report["chosen"] == chosen and report["ratio"] == pytest.approx(compiled_s)
+    runs = min(len(prior), compiled_module.PRIOR_RUNS)
+    assert report["judged_ratio"] == pytest.approx(judged) and report["prior_runs"] == runs
+    assert f"judged {judged:.2f}x, the median with the {runs} earlier runs of this setup on this machine" \
+        in describe_compile(report)
+
+
+def test_with_no_earlier_run_auto_judges_on_its_own_timing(no_real_compile):
+    _, model, mb = small_image_model()
+    report = drive(CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True), mb,
+                   {"eager": 1.0, "compiled": 1.03})
+    assert report["chosen"] == "eager" and report["judged_ratio"] == pytest.approx(1.03)
+    assert report["prior_runs"] == 0 and "judged" not in describe_compile(report)
+
+
 def test_the_background_compile_starts_after_the_first_step_not_beside_it(no_real_compile):
     # Dynamo's tracing holds the GIL: started beside the first step, it made that
     # step, and the first update the actors get, seconds late.

@@ -542,6 +542,31 @@ def test_the_plan_takes_the_learners_compiled_cost_once_a_run_of_the_setup_measu
     assert consumption() == pytest.approx(before)
 
 
+def test_the_ratios_runs_measured_are_kept_for_the_next_runs_choice(tmp_path, monkeypatch):
+    # Whichever step a run kept, its own timing is kept (the last PRIOR_RUNS), for the
+    # next run's learner to judge its timing with; the plan takes the judged ratio.
+    from fastrl.learning.compiled import PRIOR_RUNS
+    from fastrl.tuning import compiled_costs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    setup = cfg(use_rnn=True, device="cpu")
+    assert compiled_costs.remembered_measurements(setup, "fp32") == []
+    reports = [("compiled", 0.85, 0.85), ("eager", 1.03, 1.03), ("compiled", 0.8, 0.825),
+               ("compiled", 0.9, 0.85), ("compiled", 1.02, 0.875)]
+    for chosen, ratio, judged in reports:
+        compiled_costs.remember(setup, "fp32", {"chosen": chosen, "ratio": ratio, "judged_ratio": judged,
+                                                "compiled_step_s": ratio, "eager_step_s": 1.0})
+    assert compiled_costs.remembered_measurements(setup, "fp32") == [r for _, r, _ in reports][-PRIOR_RUNS:]
+    assert compiled_costs.remembered_ratio(setup, "fp32", images=True) == 0.875
+    assert compiled_costs.remembered_measurements(setup, "bf16") == []  # another arithmetic: its own
+    # `on` times no eager step: nothing to keep. A failed compile: the plan goes eager, the timings stay.
+    compiled_costs.remember(setup, "fp32", {"chosen": "compiled", "ratio": None, "compiled_step_s": 0.5})
+    compiled_costs.remember(setup, "fp32", {"chosen": "eager", "why": "compiling failed", "eager_step_s": None,
+                                            "compiled_step_s": None, "ratio": None})
+    assert compiled_costs.remembered_ratio(setup, "fp32", images=True) == 1.0
+    assert len(compiled_costs.remembered_measurements(setup, "fp32")) == PRIOR_RUNS
+
+
 def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
     costs = learner_bound(2)
     one = choose(costs, cfg(), explicit=set())

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import queue
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -54,10 +54,12 @@ class NonFiniteLossError(RuntimeError):
 
 class Learner:
     """The learner of policy `policy`. `rank` and `shared_options` (the options every
-    rank must share, as the runner names them) matter in a multi-rank run only."""
+    rank must share, as the runner names them) matter in a multi-rank run only.
+    `compile_prior`: what earlier runs measured of the compiled step (CompiledEvaluate's prior)."""
 
     def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int,
-                 rank: Rank = SOLO, shared_options: Optional[dict] = None, policy: int = 0):
+                 rank: Rank = SOLO, shared_options: Optional[dict] = None, policy: int = 0,
+                 compile_prior: Sequence[float] = ()):
         self.cfg, self.ctx, self.rank, self.policy = cfg, ctx, rank, policy
         self.params = ctx.params[policy]
         self.device = torch.device(device)
@@ -80,7 +82,8 @@ class Learner:
         self.stager = BatchStager.for_device(self.device, self.clock)
         self.optimizer = FusedAdam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
-                                         auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type))
+                                         auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type),
+                                         compile_prior)
         self.version = self.params.version
         self._hyper_epoch = 0  # the last change of hyperparameters taken (fastrl.plumbing.hyper)
         self.samples_trained = 0
@@ -573,7 +576,8 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
 
 
 def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int, rank: Rank = SOLO,
-                 shared_options: Optional[dict] = None, policy: int = 0, device_params: Optional[list] = None) -> None:
+                 shared_options: Optional[dict] = None, policy: int = 0, device_params: Optional[list] = None,
+                 compile_prior: Sequence[float] = ()) -> None:
     """`device_params`: on a GPU run, each policy's weights on the GPU (plumbing.params)."""
     with device_copies(ctx.params, device_params):
-        Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy).run()
+        Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy, compile_prior).run()

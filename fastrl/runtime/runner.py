@@ -530,9 +530,10 @@ class Runner:
     def start(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         if self.learn:
+            prior = compiled_costs.remembered_measurements(cfg, self.precision.learning)
             for k in range(cfg.num_policies):
                 self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, self.resume_paths[k],
-                            self.frames_offset, self.rank, shared_options(cfg), k, self.device_params(),
+                            self.frames_offset, self.rank, shared_options(cfg), k, self.device_params(), prior,
                             threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)

@@ -9,21 +9,24 @@ learner then ran at 0.71x of them with the one worker as the bottleneck, where
 2 x 32 envs was predicted 1.23x faster at the compiled cost
 (benchmarks/README.md, sixteenth session).
 
-So every run that decides its compile remembers the ratio it measured (1.0 when
-the step stayed eager), per machine and setup as the profile is, and the next
-run's plan takes the learner's costs at that ratio. A setup's first run on a
-machine plans from eager costs, as before.
+So every run that decides its compile remembers, per machine and setup as the
+profile is, the ratio of the step it kept to eager's (1.0 when it stayed eager),
+and the next run's plan takes the learner's costs at that ratio. It also keeps the
+last few ratios the runs measured, whichever step they kept: the next run's
+learner judges its own timing together with them (PRIOR_RUNS in
+fastrl/learning/compiled.py). A setup's first run on a machine plans from eager
+costs and judges on its own timing alone, as before.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from fastrl.algo.model import resolve_device
-from fastrl.learning.compiled import will_compile
+from fastrl.learning.compiled import PRIOR_RUNS, will_compile
 from fastrl.tuning.profiling import MODEL_OPTIONS, cache_path, write_cache
 
 # Everything that shapes the learner's step: the model, the observations (env and
@@ -38,17 +41,46 @@ def _path(cfg, learning_precision: str) -> str:
                        "precision": learning_precision, "device": torch.device(resolve_device(cfg)).type})
 
 
+def _read(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            kept = json.load(fh)
+        return kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def remember(cfg, learning_precision: str, report: dict) -> None:
-    """Keep the ratio of the step the learner runs to eager's, from its compile
-    report (fastrl.learning.compiled), for the next run of this setup. A report
-    with nothing timed both ways (a failed compile, `on`) says nothing of it."""
+    """Keep, from the learner's compile report (fastrl.learning.compiled), the
+    ratio of the step it runs to eager's and the ratio it measured, for the next
+    run of this setup. A report with nothing timed both ways (`on`) says nothing
+    of either."""
+    path = _path(cfg, learning_precision)
+    measured = _measured(_read(path))
     if report.get("chosen") == "eager" and report.get("compiled_step_s") is None:
         ratio = 1.0  # the compile failed: the next run's learner will be eager too
     elif report.get("ratio") is None:
         return
     else:
-        ratio = report["ratio"] if report["chosen"] == "compiled" else 1.0
-    write_cache(_path(cfg, learning_precision), {"ratio": ratio})
+        measured = (measured + [report["ratio"]])[-PRIOR_RUNS:]
+        # The step kept was judged on this run's ratio and the earlier ones: the
+        # next run's step is best foretold by the same judgement.
+        judged = report.get("judged_ratio") or report["ratio"]
+        ratio = judged if report["chosen"] == "compiled" else 1.0
+    write_cache(path, {"ratio": ratio, "measured": measured})
+
+
+def _measured(kept: dict) -> List[float]:
+    values = kept.get("measured")
+    if not isinstance(values, list):
+        return []
+    return [float(v) for v in values if isinstance(v, (int, float)) and v > 0]
+
+
+def remembered_measurements(cfg, learning_precision: str) -> List[float]:
+    """The compiled step's time over eager's that the last runs of this setup on
+    this machine measured, oldest first (at most PRIOR_RUNS; none before the first)."""
+    return _measured(_read(_path(cfg, learning_precision)))
 
 
 def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[float]:
@@ -57,9 +89,8 @@ def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[flo
     if not will_compile(cfg.compile_learner, images, cfg.use_rnn, torch.device(resolve_device(cfg)).type):
         return None
     try:
-        with open(_path(cfg, learning_precision)) as fh:
-            ratio = float(json.load(fh)["ratio"])
-    except (OSError, ValueError, TypeError, KeyError):
+        ratio = float(_read(_path(cfg, learning_precision))["ratio"])
+    except (ValueError, TypeError, KeyError):
         return None
     return ratio if 0 < ratio <= 1 else None
 
