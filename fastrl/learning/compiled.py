@@ -78,11 +78,12 @@ CLOSE_CALL = 0.05
 # How many earlier runs' ratios (fastrl.tuning.compiled_costs keeps them per machine
 # and setup) weigh in `auto`'s choice beside this run's own: it keeps compiled when
 # the median of them all is below MAX_RATIO. One run's timing on 2 cores is noisy
-# past what more steps fix: doom_battle's compiled step measured 0.80-0.93x of eager
-# in six runs on an Intel Xeon, 1.02x and 1.03x in two others, which kept eager and
-# trained 18% slower (4,460 env frames/s against 5,451; benchmarks/README.md,
-# thirty-fifth session). Four earlier runs and this one: a step that truly turned
-# slower (a new torch, another load) is judged so from the third run that says it.
+# past what more steps fix: doom_battle's compiled step timed 0.75-0.93x of eager in
+# most runs on an Intel Xeon and 0.96-1.03x in four of seventeen, which alone would
+# have kept it eager, so the same setup ran one step or the other from one launch to
+# the next (benchmarks/README.md, thirty-fifth and thirty-sixth sessions). Four
+# earlier runs and this one: a step that truly turned slower (a new torch, another
+# load) is judged so from the third run that says it.
 PRIOR_RUNS = 4
 # The GIL's switch interval while the compile thread runs. Every torch op lets go of
 # the GIL while its kernel runs and takes it back after; with a thread tracing in
