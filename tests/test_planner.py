@@ -620,3 +620,26 @@ def test_an_on_policy_plan_gives_every_worker_a_buffer_to_fill():
     chosen = dataclasses.replace(cfg, num_workers=plan.num_workers, num_envs_per_worker=plan.num_envs_per_worker,
                                  inference=plan.inference)
     assert plan.num_workers * chosen.num_splits <= chosen.total_buffers == plan.num_buffers
+
+
+def test_the_runner_hands_its_learner_what_earlier_runs_of_the_setup_measured(tmp_path, monkeypatch):
+    # The learner's process never reads the cache itself (the profile module imports
+    # the learner): the runner reads it and passes it on with the learner's arguments.
+    from fastrl.config import parse_args
+    from fastrl.learning.learner import learner_main
+    from fastrl.runtime import runner
+    from fastrl.tuning import compiled_costs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "start_process_server", lambda: None)  # no child is started here
+    config, _ = parse_args(["--env", "CartPole-v1", "--plan", "off", "--device", "cpu",
+                            "--train_dir", str(tmp_path / "train")])
+    run = runner.Runner(config)
+    for ratio in (0.8, 1.02):
+        compiled_costs.remember(run.cfg, run.precision.learning, {"chosen": "compiled", "ratio": ratio,
+                                                                  "compiled_step_s": ratio, "eager_step_s": 1.0})
+    spawned = []
+    monkeypatch.setattr(run, "_spawn", lambda name, target, *args, **kwargs: spawned.append((target, args)))
+    run.start()
+    (learner_args,) = [args for target, args in spawned if target is learner_main]
+    assert learner_args[-1] == [0.8, 1.02]
