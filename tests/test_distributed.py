@@ -333,7 +333,8 @@ def _experiment_files(folder) -> set:
             if not f.startswith("events.out.tfevents")}
 
 
-@pytest.mark.slow
+# This and the killed learner below run in the fast suite (7-9 s each on 2 cores): a
+# multi-rank run's main path and its fault path, which CI would otherwise never start.
 def test_two_ranks_on_one_machine_learn_with_identical_weights(tmp_path):
     # Each rank gets one of this machine's two cores; the batch is per rank.
     run = torchrun(["--standalone", "--nproc_per_node", "2"],
@@ -386,7 +387,6 @@ def _learner_of_rank(run: TrainRun, rank: int) -> psutil.Process:
     raise AssertionError(f"no learner of rank {rank} found:\n" + run.output())
 
 
-@pytest.mark.slow
 def test_a_killed_learner_stops_every_rank_naming_it(tmp_path):
     run = torchrun(["--standalone", "--nproc_per_node", "2"], ["--train_dir", str(tmp_path)])
     try:
