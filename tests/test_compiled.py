@@ -227,6 +227,10 @@ def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):
     report = drive(CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False), mb,
                    {"eager": 0.1, "compiled": 1.0})
     assert report["chosen"] == "compiled" and report["eager_step_s"] is None
+    # Earlier runs' ratios judge nothing here, and the report does not say they did.
+    report = drive(CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False, prior=[1.2]), mb,
+                   {"eager": 0.1, "compiled": 1.0})
+    assert report["chosen"] == "compiled" and report["prior_runs"] == 0 and report["judged_ratio"] is None
 
 
 def test_a_compile_that_fails_leaves_the_step_eager_and_says_why(monkeypatch):

@@ -284,7 +284,7 @@ class CompiledEvaluate:
             self._compiled = None  # and the compiled graphs with it
         self._report = {"chosen": chosen, "why": why, "eager_step_s": eager, "compiled_step_s": compiled,
                         "ratio": compiled / eager if eager and compiled else None, "judged_ratio": judged,
-                        "prior_runs": len(self.prior),
+                        "prior_runs": len(self.prior) if judged is not None else 0,  # `on` and a failure judge nothing
                         "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2)}
 
 
