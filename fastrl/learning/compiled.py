@@ -11,10 +11,10 @@ first time on a machine, a few once inductor's on-disk cache holds it.
 So no run waits for it:
 
 1. the learner trains eagerly from its first batch, and once that first step is
-   done hands a copy of its minibatch to a thread that compiles evaluate on a
-   replica of the model, forward and backward (the C++ compiler runs as other
-   processes, so the thread mostly waits), which fills the cache. Not during the
-   first step: dynamo's tracing holds the GIL for seconds, and beside it doom_battle's
+   done hands a replica of the model and a copy of its minibatch to a process
+   that compiles evaluate, forward and backward, which fills the cache
+   (compile_in_child; a thread of the learner waits for it). Not during the first
+   step: beside the compile (then a thread of the learner's own) doom_battle's
    first step took 2.5-4.5 s where it takes 1.1 s alone (benchmarks/startup.py, 2
    workers x 16 envs, warm caches, AMD EPYC: first trained batch 9.8 -> 8.6 s);
 2. then, between two steps, the learner compiles its own model's evaluate, which
@@ -31,8 +31,10 @@ dtypes, so the learner's compile matches the cached one instead of compiling ane
 from __future__ import annotations
 
 import copy
+import io
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -48,12 +50,13 @@ from fastrl.plumbing.files import user_cache
 # target in two minutes, during which the compile's CPU seconds would cost more
 # than the steps win back; a vector model's step takes a few ms.
 # On a GPU the compiled step is faster (doom_defend_the_center on an H200: 15 ms
-# against eager's 29), but the compile is what costs: the eager GPU step is the
-# host launching kernels, holding the GIL, and the compiling thread's tracing
-# takes it away, so for the 35 s of the compile the learner trained 0-2,500
-# samples/s where it trains 20-25k, and the actors waited on it. Eager already
-# consumes faster than 16 cores produce (29 ms per 1,024 samples is ~140k env
-# frames/s), so the compiled step wins nothing there; `on` is for a GPU whose
+# against eager's 29), but the compile is what cost: the eager GPU step is the
+# host launching kernels, holding the GIL, and the compile, then a thread of the
+# learner, took it away while it traced, so for the 35 s of the compile the learner
+# trained 0-2,500 samples/s where it trains 20-25k, and the actors waited on it
+# (the compile's own process, since, leaves the GIL alone; not measured on a GPU
+# yet). Eager already consumes faster than 16 cores produce (29 ms per 1,024
+# samples is ~140k env frames/s), so the compiled step wins nothing there; `on` is for a GPU whose
 # learner is the limit (benchmarks/README.md, twenty-eighth session).
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
@@ -85,15 +88,6 @@ CLOSE_CALL = 0.05
 # earlier runs and this one: a step that truly turned slower (a new torch, another
 # load) is judged so from the third run that says it.
 PRIOR_RUNS = 4
-# The GIL's switch interval while the compile thread runs. Every torch op lets go of
-# the GIL while its kernel runs and takes it back after; with a thread tracing in
-# Python beside it, taking it back waits for that thread to be asked to let go,
-# which CPython does after the switch interval, 5 ms by default: every op of the
-# learner's step then paid up to 5 ms. 3,000 small matmuls (AMD EPYC, 2 cores) took
-# 0.04 s alone, 13 s beside a Python loop at 5 ms, 0.5 s at 0.1 ms, and the loop
-# itself ran about as fast. The interval is the process's, so it is put back when the
-# compile thread ends.
-COMPILE_SWITCH_INTERVAL_S = 1e-4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 # Where inductor keeps what it compiled, unless the user says (TORCHINDUCTOR_CACHE_DIR).
 # Its own default is /tmp/torchinductor_<user>, which most Linux systems empty at boot,
@@ -115,7 +109,32 @@ def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bo
     return mode == "on" or (mode == "auto" and auto_compiles(images, use_rnn, device_type))
 
 
-def _short(err: BaseException) -> str:
+def compile_in_child(replica: torch.nn.Module, inputs: dict, uniform_kl: bool, threads: int) -> Optional[str]:
+    """Compile `replica.evaluate` on `inputs`, forward and backward, in a fresh
+    process (fastrl.learning.warm_compile) on `threads` torch threads (the
+    learner's: inductor's cache keys on the count), which fills inductor's on-disk
+    cache; returns None, or what failed. Blocks, holding no GIL while it waits.
+
+    The process costs its interpreter's start and torch's import, ~2 s of a core,
+    beside a compile of 7-16 s warm and minutes cold; in return nothing the
+    compile does can reach the learner's own steps (that module's docstring says
+    what a thread let through). The payload goes through a pipe, so a learner
+    killed meanwhile leaves no file behind, and the child dies with it."""
+    payload = io.BytesIO()
+    torch.save({"model": replica, "inputs": inputs, "uniform_kl": uniform_kl, "threads": threads}, payload)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    child = subprocess.Popen([sys.executable, "-m", "fastrl.learning.warm_compile", str(os.getpid())],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=pythonpath))
+    _, err = child.communicate(payload.getvalue())
+    if child.returncode == 0:
+        return None
+    said = err.decode(errors="replace").strip().splitlines()
+    return said[-1] if said else f"the compiling process exited with code {child.returncode}"
+
+
+def short_error(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
 
@@ -205,31 +224,20 @@ class CompiledEvaluate:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache(INDUCTOR_CACHE))
         replica = copy.deepcopy(self.model)
         inputs, self._inputs = self._inputs, None
-        self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs),
+        # The count is read here: a thread torch did not start may see its own default.
+        self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs, torch.get_num_threads()),
                                       name="fastrl: learner compile", daemon=True)
         self.state = "warming"
         self._warm.start()
         self._started = True
 
-    def _compile_replica(self, replica: torch.nn.Module, inputs: dict) -> None:
-        """Thread: compile evaluate on the replica, forward and backward (inductor
-        compiles the backward on its first call). Gradients go to autograd.grad,
-        never into any .grad the learner's optimizer reads."""
+    def _compile_replica(self, replica: torch.nn.Module, inputs: dict, threads: int) -> None:
+        """Thread: wait for the process that compiles the replica (compile_in_child)."""
         start = time.perf_counter()
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
         try:
-            fn = torch.compile(replica.evaluate)
-            with torch.enable_grad():
-                out = fn(inputs["obs"], inputs["rnn_state0"], inputs["episode_start"], inputs["actions"],
-                         uniform_kl=self.uniform_kl)
-                total = sum(t.float().sum() for t in out if t is not None and t.requires_grad)
-                params = [p for p in replica.parameters() if p.requires_grad]
-                torch.autograd.grad(total, params, allow_unused=True)
-        except Exception as err:  # noqa: BLE001 - whatever inductor raises, training goes on eagerly
-            self._warm_error = _short(err)
-        finally:
-            sys.setswitchinterval(interval)
+            self._warm_error = compile_in_child(replica, inputs, self.uniform_kl, threads)
+        except Exception as err:  # noqa: BLE001 - a model that does not pickle, no process to start: stay eager
+            self._warm_error = short_error(err)
         self._warm_s = time.perf_counter() - start
 
     def _switch(self) -> None:
@@ -246,7 +254,7 @@ class CompiledEvaluate:
             try:
                 return compiled(*args, **kwargs)
             except Exception as err:  # noqa: BLE001
-                self._finish("eager", f"the learner's compiled call failed ({_short(err)})")
+                self._finish("eager", f"the learner's compiled call failed ({short_error(err)})")
                 return eager(*args, **kwargs)
             finally:
                 if self._untimed:
