@@ -275,6 +275,26 @@ def test_a_killed_learner_takes_its_compiling_process_with_it(tmp_path):
         learner.kill()
 
 
+def test_a_killed_compiling_process_leaves_the_step_eager_and_says_so(monkeypatch, tmp_path):
+    # A chaos run's SIGKILL, or the OOM killer: the run trains on, eagerly.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, mb, _ = tiny_vector_learner()
+    me = psutil.Process()
+    chooser = CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False)
+    chooser.before_step(mb)
+    chooser.after_step(0.01)
+    deadline = time.time() + 30
+    while not me.children() and time.time() < deadline:
+        time.sleep(0.05)
+    for child in me.children():
+        child.kill()
+    chooser._warm.join(timeout=30)
+    chooser.before_step(mb)
+    report = chooser.take_report()
+    assert report["chosen"] == "eager" and "killed (SIGKILL)" in report["why"], report
+    assert "evaluate" not in model.__dict__
+
+
 def forget_inductors_cache_dir(monkeypatch):
     """No TORCHINDUCTOR_CACHE_DIR, as in a fresh shell (inductor sets it in any
     process that compiled), put back as it was after the test."""

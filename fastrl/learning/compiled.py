@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import io
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,8 @@ def compile_in_child(replica: torch.nn.Module, inputs: dict, uniform_kl: bool, t
     _, err = child.communicate(payload.getvalue())
     if child.returncode == 0:
         return None
+    if child.returncode < 0:  # a signal (the OOM killer, a chaos run): what it printed last is not why
+        return f"the compiling process was killed ({signal.Signals(-child.returncode).name})"
     said = err.decode(errors="replace").strip().splitlines()
     return said[-1] if said else f"the compiling process exited with code {child.returncode}"
 
