@@ -57,8 +57,9 @@ from fastrl.plumbing.files import user_cache
 # trained 0-2,500 samples/s where it trains 20-25k, and the actors waited on it
 # (the compile's own process, since, leaves the GIL alone; not measured on a GPU
 # yet). Eager already consumes faster than 16 cores produce (29 ms per 1,024
-# samples is ~140k env frames/s), so the compiled step wins nothing there; `on` is for a GPU whose
-# learner is the limit (benchmarks/README.md, twenty-eighth session).
+# samples is ~140k env frames/s), so the compiled step wins nothing there; `on`
+# is for a GPU whose learner is the limit (benchmarks/README.md, twenty-eighth
+# session).
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
