@@ -33,7 +33,8 @@ What fastrl does about it (each piece covers a path the others cannot):
 
 1. Parent-death signal. DoomGame.set_vizdoom_path() points at a generated shell
    script that runs _launcher.py, which arms PR_SET_PDEATHSIG(SIGKILL) and execs
-   the real engine (same pid and command line). The kernel kills the engine the
+   the real engine (same pid and command line; a copy of it beside an uncompressed
+   vizdoom.pk3 where that can be made: engine_files.py). The kernel kills the engine the
    moment its owner dies, SIGKILL included. The launcher is run once in a check
    mode before first use, since a launcher that fails would crash the process.
 2. Reaper. Each owning process starts one small helper (_reaper.py) holding a
@@ -71,6 +72,7 @@ import weakref
 
 from fastrl.envs.doom import _reaper
 from fastrl.envs.doom._reaper import SHM_DIR, pid_alive, shm_names, unlink_game_segments
+from fastrl.envs.doom.engine_files import stored_engine
 
 OWNER_ENV_VAR = "FASTRL_DOOM_OWNER_PID"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,10 +161,11 @@ def _write_launcher() -> str | None:
     script = os.path.join(_HERE, "_launcher.py")
     if not (os.access(engine, os.X_OK) and os.path.isfile(script)):
         return None
-    body = "#!/bin/sh\n" f'exec {shlex.quote(sys.executable)} -I -S {shlex.quote(script)} {shlex.quote(engine)} "$@"\n'
     directory = private_dir()
     if directory is None:
         return None
+    engine = stored_engine(os.path.dirname(vizdoom.__file__), directory) or engine
+    body = "#!/bin/sh\n" f'exec {shlex.quote(sys.executable)} -I -S {shlex.quote(script)} {shlex.quote(engine)} "$@"\n'
     digest = hashlib.sha1(body.encode()).hexdigest()[:12]
     path = os.path.join(directory, f"doom-engine-{digest}.sh")
     try:
