@@ -1,6 +1,8 @@
 """The engine copy beside an uncompressed vizdoom.pk3 (envs/doom/engine_files.py)."""
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 vizdoom = pytest.importorskip("vizdoom")
 
 from fastrl.envs.doom import engine  # noqa: E402
-from fastrl.envs.doom.engine_files import RESOURCES, stored_engine  # noqa: E402
+from fastrl.envs.doom.engine_files import PREFIX, RESOURCES, stored_engine  # noqa: E402
 from fastrl.envs.registry import get_spec  # noqa: E402
 
 VIZDOOM_DIR = os.path.dirname(vizdoom.__file__)
@@ -73,6 +75,17 @@ def test_the_copy_is_made_once_and_a_new_vizdoom_gets_its_own(tmp_path):
     os.utime(fake / RESOURCES)  # an upgraded ViZDoom
     assert stored_engine(str(fake), str(home)) not in (None, first)
     assert not [p for p in os.listdir(home) if p.endswith(".tmp")]
+
+
+def test_a_build_left_half_made_by_a_killed_process_is_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    abandoned = tmp_path / f"{PREFIX}0123456789ab.{dead.pid}.tmp"
+    (abandoned / "bin").mkdir(parents=True)
+    ours = tmp_path / f"{PREFIX}ba9876543210.{os.getpid()}.tmp"  # a build this process is making
+    ours.mkdir()
+    assert stored_engine(VIZDOOM_DIR, str(tmp_path)) is not None
+    assert not abandoned.exists() and ours.exists()
 
 
 def test_a_copy_that_would_not_load_its_libraries_is_not_used(tmp_path):

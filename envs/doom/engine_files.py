@@ -26,9 +26,12 @@ import subprocess
 import zipfile
 from typing import Optional
 
+from fastrl.envs.doom._reaper import pid_alive
+
 ENGINE = "vizdoom"
 RESOURCES = "vizdoom.pk3"
 LIBRARIES = "vizdoom.libs"  # the folder the binary's RPATH names, beside its own folder
+PREFIX = "doom-engine-files-"  # then a key of ViZDoom's files; a build in progress ends in .PID.tmp
 
 
 def stored_engine(vizdoom_dir: str, directory: str) -> Optional[str]:
@@ -38,8 +41,9 @@ def stored_engine(vizdoom_dir: str, directory: str) -> Optional[str]:
     engine, resources = os.path.join(vizdoom_dir, ENGINE), os.path.join(vizdoom_dir, RESOURCES)
     try:
         key = _key(engine, resources)
-        home = os.path.join(directory, f"doom-engine-files-{key}")
+        home = os.path.join(directory, f"{PREFIX}{key}")
         if not os.path.isdir(home):
+            _remove_abandoned(directory)
             _build(home, engine, resources, os.path.join(os.path.dirname(vizdoom_dir), LIBRARIES))
         copy = os.path.join(home, "bin", ENGINE)
         return copy if _loads(copy) and _pk3_whole(os.path.join(home, "bin", RESOURCES)) else None
@@ -50,6 +54,15 @@ def stored_engine(vizdoom_dir: str, directory: str) -> Optional[str]:
 def _key(*paths: str) -> str:
     stamp = "|".join(f"{p}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in paths)
     return hashlib.sha1(stamp.encode()).hexdigest()[:12]
+
+
+def _remove_abandoned(directory: str) -> None:
+    """Builds left half-made by a process killed in the middle (its pid is gone)."""
+    for name in os.listdir(directory):
+        if name.startswith(PREFIX) and name.endswith(".tmp"):
+            pid = name[:-len(".tmp")].rsplit(".", 1)[-1]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 def _build(home: str, engine: str, resources: str, libraries: str) -> None:
