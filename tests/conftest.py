@@ -9,11 +9,10 @@ def own_cache(tmp_path_factory):
     A run keeps what it measured of the machine there (the planner's profile, the
     precision choice, the compiled step's timings) for the next run of the same
     setup. Timed inside the suite, beside its other work and on tests' short budgets,
-    those steered a user's later runs: a doom_battle profile a test wrote, its env
-    step timed at 1,313 us (500-750 us alone), planned 2 x 64 envs with a policy
-    worker for a benchmark run that followed, which trained at 1.46x Sample Factory
-    where the plan of a profile of its own reached 1.89x (benchmarks/README.md,
-    thirty-seventh session). A clean machine (CI) starts with an empty cache anyway.
+    those steered a user's later runs: a benchmark run against Sample Factory planned
+    from a doom_battle profile a test had written, its env step timed at 1,313 us
+    (500-750 us alone; benchmarks/README.md, thirty-seventh session). A clean machine
+    (CI) starts with an empty cache anyway.
     """
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
