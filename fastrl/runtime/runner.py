@@ -86,7 +86,7 @@ from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
 from fastrl.sampling.policy_worker import policy_worker_main
 from fastrl.sampling.rollout_worker import rollout_worker_main
-from fastrl.tuning import compiled_costs, planner, profiling
+from fastrl.tuning import compiled_costs, layout_memory, planner, profiling
 from fastrl.tuning.adapt import ThreadAdapter
 from fastrl.tuning.precision import decide_precision
 
@@ -233,7 +233,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
             print(f"fastrl: planning for the learner's step at {ratio:.2f}x of its eager cost, as an earlier run "
                   "of this setup on this machine measured it once compiled", flush=True)
     try:
-        return planner.choose(costs, cfg, explicit)
+        return planner.choose(costs, cfg, explicit, layout_memory.scales(cfg, precision))
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -824,7 +824,7 @@ class Runner:
             locks.stop()
             signals.restore()
             monitor.close(exit_code)
-        self._finish(time.time() - start, reason, killed)
+        self._finish(time.time() - start, reason, killed, failed=0 < exit_code < 128)
         return exit_code
 
     def _poll(self, start: float, monitor, observer) -> Optional[tuple]:
@@ -894,8 +894,9 @@ class Runner:
             self.say(change)
             monitor.log(frames, elapsed, {"plan/learner_threads": float(self.adapter.threads)}, status=change)
 
-    def _finish(self, wall: float, reason: str, killed: list) -> None:
-        """After the shutdown: summary.json and the closing lines (rank 0)."""
+    def _finish(self, wall: float, reason: str, killed: list, failed: bool) -> None:
+        """After the shutdown: summary.json and the closing lines (rank 0), and, but
+        for a failed run, the rate it trained at for the next run's plan."""
         if self.rank.main:
             self.write_summary(wall)
             self.say(f"{reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
@@ -905,6 +906,11 @@ class Runner:
                 # The status line sums every rank; the plan, and this rate, are rank 0's own.
                 whose = "rank 0: " if self.rank.distributed else ""
                 self.say(whose + planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip))
+                if not failed:
+                    p = self.plan.predicted
+                    layout_memory.remember(self.cfg, self.precision, self.plan.inference,
+                                           p.get("model_trained_steps_per_s", p["trained_steps_per_s"]), trained,
+                                           time.time() - self.training_since)
             digests = self.metrics.get(WEIGHTS_KEY)
             if digests and len(set(digests)) > 1:
                 print(f"{self._tag()}error: the ranks ended with different weights ({', '.join(digests)}); "

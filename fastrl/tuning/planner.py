@@ -284,9 +284,18 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     return MAX_WORKER_NICE
 
 
-def choose(costs: Costs, cfg, explicit: set) -> Plan:
+def scaled(predicted: dict, scale: float) -> dict:
+    """`predicted` (as `predict` returns it) with the trained rate at `scale` of the
+    model's, as earlier runs of its inference mode measured it here
+    (fastrl.tuning.layout_memory); the model's own rate kept beside it."""
+    return {**predicted, "trained_steps_per_s": predicted["trained_steps_per_s"] * scale,
+            "model_trained_steps_per_s": predicted["trained_steps_per_s"], "measured_scale": scale}
+
+
+def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> Plan:
     """The best layout for `cfg` on these costs. Options in `explicit` (set by the
-    user) are kept as they are; lag must stay within cfg.max_policy_lag."""
+    user) are kept as they are; lag must stay within cfg.max_policy_lag. `scales`:
+    {inference mode: factor} for the modes whose runs measured the model wrong."""
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
@@ -318,6 +327,8 @@ def choose(costs: Costs, cfg, explicit: set) -> Plan:
                                     cfg.rollout, cfg.batch_size, policies, agents, cfg.max_batches_ahead)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
                             continue
+                        if scales and inference in scales:
+                            p = scaled(p, scales[inference])
                         candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
     if not candidates:
         raise ValueError(
@@ -380,12 +391,16 @@ def describe(plan: Plan, frameskip: int) -> str:
              else f"cores {p['cores_steps_per_s'] * frameskip:,.0f}")
     if "gpu_steps_per_s" in p:
         cores += f", GPU {p['gpu_steps_per_s'] * frameskip:,.0f}"
+    model = (f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
+             f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, {cores}; {p['bottleneck']}-bound)")
+    if "measured_scale" in p:
+        model = (f": the model's {p['model_trained_steps_per_s'] * frameskip:,.0f} {model} at "
+                 f"{p['measured_scale']:.2f}x, as earlier runs with {plan.inference} inference trained here;")
+    else:
+        model = f" {model},"
     return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; "
-            f"predicted {p['trained_steps_per_s'] * frameskip:,.0f} env frames/s trained "
-            f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
-            f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, {cores}; "
-            f"{p['bottleneck']}-bound), policy lag <= {p['lag_max_learner_steps']:.1f} learner steps"
-            + _per_policy(p, frameskip))
+            f"predicted {p['trained_steps_per_s'] * frameskip:,.0f} env frames/s trained{model} "
+            f"policy lag <= {p['lag_max_learner_steps']:.1f} learner steps" + _per_policy(p, frameskip))
 
 
 def _per_policy(p: dict, frameskip: int) -> str:

@@ -697,6 +697,25 @@ def write_cache(path: str, data: dict) -> None:
         pass  # no cache dir: the next run measures again, nothing worse
 
 
+# The options that set what the profile measures: the model's, the env's and the
+# learner's passes over a sample.
+PROFILED_OPTIONS = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
+                    "doom_agents", "pin_workers")
+
+
+def _where(cfg, precision: Precision) -> dict:
+    # The cores this process may use are part of the setup: a profile taken on the whole
+    # machine would plan a torchrun rank (or a taskset run) on its share for all of it.
+    return {"precision": [precision.acting, precision.learning], "usable_cores": usable_cores(),
+            "device": torch.device(resolve_device(cfg)).type}
+
+
+def setup_cache_path(kind: str, cfg, precision: Precision, options: Sequence[str] = PROFILED_OPTIONS) -> str:
+    """cache_path of a measurement `kind` of cfg's setup (its `options`), in the run's
+    precision, on the cores and device it may use."""
+    return cache_path({kind: {k: getattr(cfg, k) for k in options}, **_where(cfg, precision)})
+
+
 def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
                  one_thread: Optional[OneThreadCosts] = None) -> tuple:
     """profile_costs, remembered per machine and setup (cache_path: the env, model
@@ -705,13 +724,7 @@ def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
     stale if the machine's load changed: --plan auto after deleting the file, or
     the bench CLI, measures afresh. A profile that hit its cap is not cached: its
     numbers were taken under load, and every later run would plan from them."""
-    setup_keys = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
-                  "doom_agents", "pin_workers")
-    # The cores this process may use are part of the setup: a profile taken on the whole
-    # machine would plan a torchrun rank (or a taskset run) on its share for all of it.
-    path = cache_path({"costs": {k: getattr(cfg, k) for k in setup_keys},
-                       "precision": [precision.acting, precision.learning], "usable_cores": usable_cores(),
-                       "device": torch.device(resolve_device(cfg)).type})
+    path = setup_cache_path("costs", cfg, precision)
     try:
         with open(path) as fh:
             data = json.load(fh)

@@ -1,0 +1,141 @@
+"""Earlier runs' trained rates against their predictions move the next plan: per
+inference mode, per machine and setup, and only from runs long enough to say."""
+import dataclasses
+
+import pytest
+
+from fastrl.algo.model import Precision
+from fastrl.config import Config
+from fastrl.tuning import layout_memory
+from fastrl.tuning.planner import Costs, choose, describe
+
+FP32 = Precision("fp32", "fp32", "test")
+LONG = layout_memory.MIN_TRAINING_S
+
+# doom_battle's profile on the Intel Xeon (family 6 model 207) of the thirty-eighth
+# session, its learner at the compiled 0.9x: the model puts 2 x 64 envs with a
+# policy worker 3% ahead of 2 x 32 local, which trained 1.24-1.31x faster.
+BATTLE = Costs(cores=2, env_s=731e-6,
+               forward_s={4: 1378e-6, 8: 882e-6, 16: 575e-6, 32: 455e-6, 64: 337e-6, 128: 297e-6},
+               train_s={1: 0.9 * 950e-6, 2: 0.9 * 492e-6})
+
+
+def battle():
+    return Config(env="doom_battle", ppo_epochs=1)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+
+def test_a_mode_that_trained_below_the_model_loses_the_near_tie_it_won():
+    plan = choose(BATTLE, battle(), explicit=set())
+    assert (plan.inference, plan.num_workers, plan.num_envs_per_worker) == ("policy_worker", 2, 64)
+    model_rate = plan.predicted["trained_steps_per_s"]
+
+    after = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": 0.94})
+    assert (after.inference, after.num_workers, after.num_envs_per_worker) == ("local", 2, 32)
+    assert "measured_scale" not in after.predicted  # no run of local inference yet: the model's word
+
+    both = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": 0.94, "local": 1.2})
+    p = both.predicted
+    assert both.inference == "local"
+    assert p["trained_steps_per_s"] == pytest.approx(1.2 * p["model_trained_steps_per_s"])
+    line = describe(both, 4)
+    assert (f"predicted {p['trained_steps_per_s'] * 4:,.0f} env frames/s trained: the model's "
+            f"{p['model_trained_steps_per_s'] * 4:,.0f} (production") in line
+    assert "at 1.20x, as earlier runs with local inference trained here; policy lag <=" in line
+    assert model_rate == pytest.approx(plan.predicted["trained_steps_per_s"])
+
+
+def test_a_mode_the_model_puts_far_ahead_survives_a_bad_run():
+    # 8 cores and a forward that only batching across workers makes cheap: policy
+    # workers predicted ~2x local; the lowest scale a run can give them keeps them.
+    costs = Costs(cores=8, env_s=1e-3, forward_s={4: 4e-3, 16: 2e-3, 64: 2e-4, 512: 1e-5}, train_s={1: 5e-6})
+    setup = Config(env="CartPole-v1", max_policy_lag=100)
+    low = layout_memory.SCALE_BOUNDS[0]
+    assert choose(costs, setup, explicit=set()).inference == "policy_worker"
+    assert choose(costs, setup, explicit=set(), scales={"policy_worker": low}).inference == "policy_worker"
+
+
+def test_runs_are_remembered_per_mode_from_the_last_few_long_ones(cache):
+    setup = battle()
+    assert layout_memory.scales(setup, FP32) == {}
+    assert not layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 500.0, training_s=LONG - 1)
+    assert layout_memory.scales(setup, FP32) == {}
+    for trained in (940.0, 1000.0, 900.0):
+        assert layout_memory.remember(setup, FP32, "policy_worker", 1000.0, trained, training_s=LONG)
+    assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94)}
+    layout_memory.remember(setup, FP32, "local", 1000.0, 1160.0, training_s=LONG)
+    assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94), "local": pytest.approx(1.16)}
+    # The median of the last KEPT_RUNS: older runs drop out as the machine changes.
+    for _ in range(layout_memory.KEPT_RUNS):
+        layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 1050.0, training_s=LONG)
+    assert layout_memory.scales(setup, FP32)["policy_worker"] == pytest.approx(1.05)
+    # Bounded: one disturbed run cannot move a mode without limit.
+    for trained in (10.0, 10.0, 10.0, 10.0, 10.0):
+        layout_memory.remember(setup, FP32, "local", 1000.0, trained, training_s=LONG)
+    assert layout_memory.scales(setup, FP32)["local"] == layout_memory.SCALE_BOUNDS[0]
+
+
+@pytest.mark.parametrize("other", [
+    {"cfg": {"batch_size": 2048}}, {"cfg": {"env": "doom_defend_the_center"}}, {"cfg": {"device": "cuda"}},
+    {"precision": Precision("bf16", "fp32", "test")},
+])
+def test_another_setup_precision_or_device_has_a_memory_of_its_own(cache, other):
+    setup = battle()
+    layout_memory.remember(setup, FP32, "local", 1000.0, 1200.0, training_s=LONG)
+    elsewhere = dataclasses.replace(setup, **other.get("cfg", {}))
+    assert layout_memory.scales(elsewhere, other.get("precision", FP32)) == {}
+    assert layout_memory.scales(setup, FP32) == {"local": pytest.approx(1.2)}
+
+
+def test_an_unreadable_memory_is_no_memory(cache, tmp_path):
+    setup = battle()
+    layout_memory.remember(setup, FP32, "local", 1000.0, 1200.0, training_s=LONG)
+    path = layout_memory._path(setup, FP32)
+    for text in ("{not json", "[1, 2]", '{"local": "fast", "policy_worker": [0.9, -1, "x"]}'):
+        with open(path, "w") as fh:
+            fh.write(text)
+        scales = layout_memory.scales(setup, FP32)
+        assert scales in ({}, {"policy_worker": pytest.approx(0.9)})
+
+
+def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(cache, tmp_path, monkeypatch,
+                                                                             capsys):
+    # The runner's side: make_plan scales by the memory, and a finished run that trained
+    # long enough adds its own rate against the model's prediction (not the scaled one).
+    import gymnasium
+
+    from fastrl.runtime import runner
+    from fastrl.tuning import profiling
+
+    monkeypatch.setattr(profiling, "cached_costs", lambda *args: (BATTLE, True, False))
+    screen = type("Env", (), {"observation_space": gymnasium.spaces.Box(0, 255, (3, 72, 128), "uint8")})()
+    setup = dataclasses.replace(battle(), compile_learner="off", device="cpu")
+    assert runner.make_plan(setup, set(), screen, resuming=False, precision=FP32).inference == "policy_worker"
+    layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 940.0, training_s=LONG)
+    plan = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
+    assert plan.inference == "local"
+
+    class Finished:  # what _finish reads of a Runner that trained `seconds` at `rate`
+        def __init__(self, seconds, rate):
+            self.rank, self.cfg, self.plan, self.precision = runner.SOLO, setup, plan, FP32
+            self.spec = type("Spec", (), {"frameskip": 4})()
+            self.training_since = runner.time.time() - seconds
+            self.metrics, self.rate, self.frames_offset = {}, rate, 0
+
+        def measured_trained_steps_per_s(self):
+            return self.rate
+
+        def __getattr__(self, name):  # the summary and the closing line: not what this test checks
+            return lambda *args, **kwargs: 0.0 if name in ("env_frames", "mean_return") else None
+
+    model = plan.predicted["trained_steps_per_s"]  # no run of local yet: the model's own
+    runner.Runner._finish(Finished(LONG + 1, 1.2 * model), 100.0, "done", [], failed=False)
+    runner.Runner._finish(Finished(LONG + 1, 0.5 * model), 100.0, "done", [], failed=True)  # a failure: not kept
+    runner.Runner._finish(Finished(5, 0.5 * model), 100.0, "done", [], failed=False)  # too short: not kept
+    assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94), "local": pytest.approx(1.2)}
+    again = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
+    assert again.predicted["measured_scale"] == pytest.approx(1.2)
