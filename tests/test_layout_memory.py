@@ -1,6 +1,7 @@
 """Earlier runs' trained rates against their predictions move the next plan: per
 inference mode, per machine and setup, and only from runs long enough to say."""
 import dataclasses
+import os
 
 import pytest
 
@@ -120,8 +121,9 @@ def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(c
     assert plan.inference == "local"
 
     class Finished:  # what _finish reads of a Runner that trained `seconds` at `rate`
-        def __init__(self, seconds, rate):
+        def __init__(self, seconds, rate, made_here=True):
             self.rank, self.cfg, self.plan, self.precision = runner.SOLO, setup, plan, FP32
+            self.plan_made_here = made_here
             self.spec = type("Spec", (), {"frameskip": 4})()
             self.training_since = runner.time.time() - seconds
             self.metrics, self.rate, self.frames_offset = {}, rate, 0
@@ -136,6 +138,24 @@ def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(c
     runner.Runner._finish(Finished(LONG + 1, 1.2 * model), 100.0, "done", [], failed=False)
     runner.Runner._finish(Finished(LONG + 1, 0.5 * model), 100.0, "done", [], failed=True)  # a failure: not kept
     runner.Runner._finish(Finished(5, 0.5 * model), 100.0, "done", [], failed=False)  # too short: not kept
+    # A plan read from a file (--plan PATH, a resume) may come from another machine: not kept.
+    runner.Runner._finish(Finished(LONG + 1, 0.5 * model, made_here=False), 100.0, "done", [], failed=False)
     assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94), "local": pytest.approx(1.2)}
     again = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
     assert again.predicted["measured_scale"] == pytest.approx(1.2)
+
+
+def test_a_run_plans_afresh_unless_given_a_plan_or_resuming_with_its_own(tmp_path):
+    from fastrl.runtime.runner import plan_file
+
+    setup = dataclasses.replace(battle(), train_dir=str(tmp_path))
+    assert plan_file(setup, resuming=False) is None
+    assert plan_file(setup, resuming=True) is None  # no plan.json saved: it plans
+    os.makedirs(setup.experiment_dir)
+    saved = os.path.join(setup.experiment_dir, "plan.json")
+    with open(saved, "w") as fh:
+        fh.write("{}")
+    assert plan_file(setup, resuming=True) == saved
+    assert plan_file(setup, resuming=False) is None
+    given = str(tmp_path / "mine.json")
+    assert plan_file(dataclasses.replace(setup, plan=given), resuming=False) == given

@@ -201,6 +201,15 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
+def plan_file(cfg: Config, resuming: bool) -> Optional[str]:
+    """The plan.json a run with --plan auto or PATH takes instead of planning afresh:
+    PATH, or the experiment's own when it resumes; None where it plans."""
+    if cfg.plan != "auto":
+        return cfg.plan
+    saved = os.path.join(cfg.experiment_dir, "plan.json")
+    return saved if resuming and os.path.isfile(saved) else None
+
+
 def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precision,
               one_thread: Optional[profiling.OneThreadCosts] = None, announce: bool = True) -> Optional[planner.Plan]:
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
@@ -209,8 +218,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
     --precision auto timed them). `announce` prints where the plan came from."""
     if cfg.plan == "off":
         return None
-    saved = os.path.join(cfg.experiment_dir, "plan.json")
-    path = cfg.plan if cfg.plan != "auto" else (saved if resuming and os.path.isfile(saved) else None)
+    path = plan_file(cfg, resuming)
     if path:
         try:
             plan = planner.load(path)
@@ -409,6 +417,9 @@ class Runner:
         (cfg, self.plan, self.spec, self.obs_space, self.action_space, models, states,
          self.resume_paths, self.precision) = prepare_experiment(cfg, explicit or set(), rank)
         self.resume_path, state = self.resume_paths[0], states[0]  # policy 0's stands for the run
+        # A plan made from this run's profile, whose prediction the run's rate can
+        # correct; one read from a file may have been made on another machine.
+        self.plan_made_here = self.plan is not None and plan_file(cfg, resuming=state is not None) is None
         self.cfg = cfg
         if rank.main:
             os.makedirs(cfg.experiment_dir, exist_ok=True)
@@ -906,7 +917,7 @@ class Runner:
                 # The status line sums every rank; the plan, and this rate, are rank 0's own.
                 whose = "rank 0: " if self.rank.distributed else ""
                 self.say(whose + planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip))
-                if not failed:
+                if self.plan_made_here and not failed:
                     p = self.plan.predicted
                     layout_memory.remember(self.cfg, self.precision, self.plan.inference,
                                            p.get("model_trained_steps_per_s", p["trained_steps_per_s"]), trained,
