@@ -170,8 +170,8 @@ def _allreduce_rank(rank: int, port: int, rounds: int, obs_space, action_space, 
             t1 = time.perf_counter()
             gradient_step(cfg, model, optimizer, mb, mb["valid"], peers)
             t2 = time.perf_counter()
-            # One extra, the non-finite flag, as gradient_step sends.
-            peers.average_gradients(params, float(mb["valid"].sum()), [0.0])
+            # What gradient_step sends: its two decisions and the return normaliser's moments.
+            peers.average_gradients(params, float(mb["valid"].sum()), [0.0, 0.0], torch.zeros(3, dtype=torch.float64))
             t3 = time.perf_counter()
             if i:
                 times["step"].append(t1 - t0)

@@ -146,6 +146,36 @@ def test_the_all_reduced_gradient_is_that_of_every_ranks_samples_at_once():
         np.testing.assert_allclose(g0, whole.grad.numpy(), rtol=1e-5, atol=1e-7)
 
 
+def _return_norm_on(rank, peers, batch, valid, columns):
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    cfg = Config(env="CartPole-v1", max_grad_norm=0.0)
+    gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), _columns(batch, columns[rank]),
+                  valid[:, columns[rank]], peers)
+    norm = model.return_norm
+    return float(norm.mean), float(norm.var), float(norm.count)
+
+
+def test_the_return_normaliser_takes_in_every_ranks_targets_with_the_gradient():
+    # The moments ride behind the gradient in its all-reduce (one collective a step,
+    # not two): both ranks end with the statistics of every rank's valid targets.
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    batch = _on_policy(model, _batch())
+    batch["policy_version"][:, 4:] = -30
+    _, valid = lag_mask(0, batch["policy_version"], 25)
+    columns = [torch.arange(0, 3), torch.arange(3, 6)]
+    rank0, rank1 = on_two_ranks(_return_norm_on, batch, valid, columns)
+    assert rank0 == rank1  # bit-identical
+
+    out, _ = gradient_step(Config(env="CartPole-v1", max_grad_norm=0.0), model,
+                           torch.optim.SGD(model.parameters(), lr=0.0), batch, valid)
+    alone = RunningNorm(())
+    alone.update(out.vs_tm1[valid > 0])
+    assert rank0[2] == float(alone.count) == float(valid.sum())
+    np.testing.assert_allclose(rank0[:2], [float(alone.mean), float(alone.var)], rtol=1e-5)
+
+
 def _skip_on(rank, peers, batch):
     torch.manual_seed(0)
     model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))

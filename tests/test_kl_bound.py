@@ -116,12 +116,9 @@ class _OtherRankRefuses:
     def __init__(self):
         self.extras_sent = None
 
-    def average_gradients(self, params, weight, extras):
+    def average_gradients(self, params, weight, extras, riders=None):
         self.extras_sent = list(extras)
-        return weight * 2, [extras[0], extras[1] + 1.0]
-
-    def sum_(self, tensor):
-        return tensor
+        return weight * 2, [extras[0], extras[1] + 1.0], None if riders is None else riders * 2
 
 
 def test_another_ranks_refusal_is_every_ranks():

@@ -142,13 +142,24 @@ class RunningNorm(nn.Module):
         not. The batch goes in as its count and the sums of x and x^2 taken about the
         running mean: sums add up across ranks where means and variances do not, and
         about a point near the mean the squares lose no precision to cancellation."""
+        moments = self.moments(x)
+        self.merge(reduce(moments) if reduce is not None else moments)
+
+    @torch.no_grad()
+    def moments(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch x [..., *shape] as `merge` takes it: float64 [count, sums of x and of
+        x^2 about the running mean], which add up across ranks."""
         x = x.reshape(-1, *self.mean.shape)
-        shift = self.mean.double()
-        d = torch.sub(x, _laid_out_as(shift, x))  # float64: sums of many samples
+        d = torch.sub(x, _laid_out_as(self.mean.double(), x))  # float64: sums of many samples
         d_sum = d.sum(dim=0).reshape(-1)
-        moments = torch.cat([d.new_full((1,), x.shape[0]), d_sum, d.square_().sum(dim=0).reshape(-1)])
-        if reduce is not None:
-            moments = reduce(moments)
+        return torch.cat([d.new_full((1,), x.shape[0]), d_sum, d.square_().sum(dim=0).reshape(-1)])
+
+    @torch.no_grad()
+    def merge(self, moments: torch.Tensor) -> None:
+        """Merge a batch's `moments` (as `moments` gives them, or several ranks' summed)
+        into the statistics; before any other update, as they are taken about the mean."""
+        moments = moments.double()
+        shift = self.mean.double()
         n = float(moments[0])
         if n == 0:
             return

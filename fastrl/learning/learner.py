@@ -444,12 +444,19 @@ def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Pe
     optimizer.zero_grad(set_to_none=True)
     out.total.backward()
     finite_loss = bool(torch.isfinite(out.total))
+    norm = model.return_norm
+    moments = norm.moments(out.vs_tm1[valid > 0]) if norm is not None else None
     if peers is not None:
         # Every rank must take the same step, so a rank's refusal is every rank's:
-        # it rides on the gradient's all-reduce rather than costing one of its own.
+        # it rides on the gradient's all-reduce rather than costing one of its own,
+        # and so do the return normaliser's moments of every rank's targets. On a
+        # small model a collective's cost is its latency, not its bytes: CartPole's
+        # 8 steps a batch made 17 collectives with the moments apart (benchmarks/
+        # README.md, thirty-eighth session). They travel in the gradient's float32;
+        # taken about the running mean, they lose ~1e-7 of themselves to it.
         samples = float(valid.sum())
-        _, (nonfinite, refused) = peers.average_gradients(model.parameters(), samples,
-                                                          [0.0 if finite_loss else 1.0, float(over_kl)])
+        _, (nonfinite, refused), moments = peers.average_gradients(
+            model.parameters(), samples, [0.0 if finite_loss else 1.0, float(over_kl)], moments)
         finite_loss = nonfinite == 0
         if refused > 0:
             optimizer.zero_grad(set_to_none=True)
@@ -460,8 +467,8 @@ def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Pe
         optimizer.zero_grad(set_to_none=True)
         return None, grad_norm
     optimizer.step()
-    if model.return_norm is not None:
-        model.return_norm.update(out.vs_tm1[valid > 0], peers.sum_ if peers is not None else None)
+    if norm is not None:
+        norm.merge(moments)
     return out, grad_norm
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -214,23 +214,29 @@ class Peers:
         vector = self._all_reduce(vector.to(self.device), "the per-batch agreement").cpu()
         return bool(vector[-1] > 0), vector[:-1]
 
-    def average_gradients(self, params: Iterable[torch.nn.Parameter], weight: float,
-                          extras: Sequence[float]) -> Tuple[float, List[float]]:
+    def average_gradients(self, params: Iterable[torch.nn.Parameter], weight: float, extras: Sequence[float],
+                          riders: Optional[torch.Tensor] = None) -> Tuple[float, List[float], Optional[torch.Tensor]]:
         """Replace each parameter's gradient with the weighted mean over the ranks (rank
         r's counting `weight` on that rank, its valid samples: the loss is a mean over
         them, so the result is the gradient of the mean over every rank's samples, as
-        one batch of them all would give). Returns (the weights summed, `extras` summed),
-        over the ranks. One all-reduce: the extras (the step's decisions) ride behind
-        the gradients. A step where no rank had a valid sample gets zero gradients."""
+        one batch of them all would give). Returns (the weights summed, `extras` summed,
+        `riders` summed, in float64), over the ranks. One all-reduce: the extras (the
+        step's decisions) and the riders (a normaliser's moments) go behind the
+        gradients, in their float32. A step where no rank had a valid sample gets zero
+        gradients."""
         params = list(params)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         sizes = [g.numel() for g in grads]
         n = sum(sizes)
-        flat = torch.empty(n + 1 + len(extras), dtype=torch.float32, device=self.device)
+        ride = 0 if riders is None else riders.numel()
+        flat = torch.empty(n + 1 + len(extras) + ride, dtype=torch.float32, device=self.device)
         torch.cat([g.reshape(-1) for g in grads], out=flat[:n]).mul_(weight)
-        flat[n:] = torch.tensor([weight, *extras], dtype=torch.float32)
+        flat[n:n + 1 + len(extras)] = torch.tensor([weight, *extras], dtype=torch.float32)
+        if riders is not None:
+            flat[n + 1 + len(extras):] = riders.reshape(-1)
         self._all_reduce(flat, "the gradient all-reduce")
-        tail = flat[n:].tolist()
+        tail = flat[n:n + 1 + len(extras)].tolist()
+        summed_riders = None if riders is None else flat[n + 1 + len(extras):].double().view_as(riders)
         scale = 1.0 / tail[0] if tail[0] > 0 else 0.0
         for p, chunk in zip(params, flat[:n].split(sizes)):
             averaged = chunk.view_as(p).mul_(scale)
@@ -238,7 +244,7 @@ class Peers:
                 p.grad = averaged.clone()
             else:
                 p.grad.copy_(averaged)
-        return tail[0], tail[1:]
+        return tail[0], tail[1:], summed_riders
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed over the ranks, in place (the normalisers' moments)."""
