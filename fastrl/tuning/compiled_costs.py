@@ -20,14 +20,13 @@ costs and judges on its own timing alone, as before.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import List, Optional
 
 import torch
 
 from fastrl.algo.model import resolve_device
 from fastrl.learning.compiled import PRIOR_RUNS, will_compile
-from fastrl.tuning.profiling import MODEL_OPTIONS, cache_path, write_cache
+from fastrl.tuning.profiling import MODEL_OPTIONS, cache_path, read_cache, write_cache
 
 # Everything that shapes the learner's step: the model, the observations (env and
 # its options), the minibatch, and the arithmetic.
@@ -41,22 +40,13 @@ def _path(cfg, learning_precision: str) -> str:
                        "precision": learning_precision, "device": torch.device(resolve_device(cfg)).type})
 
 
-def _read(path: str) -> dict:
-    try:
-        with open(path) as fh:
-            kept = json.load(fh)
-        return kept if isinstance(kept, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def remember(cfg, learning_precision: str, report: dict) -> None:
     """Keep, from the learner's compile report (fastrl.learning.compiled), the
     ratio of the step it runs to eager's and the ratio it measured, for the next
     run of this setup. A report with nothing timed both ways (`on`) says nothing
     of either."""
     path = _path(cfg, learning_precision)
-    measured = _measured(_read(path))
+    measured = _measured(read_cache(path))
     if report.get("chosen") == "eager" and report.get("compiled_step_s") is None:
         ratio = 1.0  # the compile failed: the next run's learner will be eager too
     elif report.get("ratio") is None:
@@ -80,7 +70,7 @@ def _measured(kept: dict) -> List[float]:
 def remembered_measurements(cfg, learning_precision: str) -> List[float]:
     """The compiled step's time over eager's that the last runs of this setup on
     this machine measured, oldest first (at most PRIOR_RUNS; none before the first)."""
-    return _measured(_read(_path(cfg, learning_precision)))
+    return _measured(read_cache(_path(cfg, learning_precision)))
 
 
 def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[float]:
@@ -89,7 +79,7 @@ def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[flo
     if not will_compile(cfg.compile_learner, images, cfg.use_rnn, torch.device(resolve_device(cfg)).type):
         return None
     try:
-        ratio = float(_read(_path(cfg, learning_precision))["ratio"])
+        ratio = float(read_cache(_path(cfg, learning_precision))["ratio"])
     except (ValueError, TypeError, KeyError):
         return None
     return ratio if 0 < ratio <= 1 else None

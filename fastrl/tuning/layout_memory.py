@@ -22,12 +22,11 @@ when the model puts it far ahead.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Dict
 
 from fastrl.algo.model import Precision
-from fastrl.tuning.profiling import PROFILED_OPTIONS, setup_cache_path, write_cache
+from fastrl.tuning.profiling import PROFILED_OPTIONS, read_cache, setup_cache_path, write_cache
 
 # A run that trained for less than this says more about its start (the compile,
 # the first batches) than about its layout: tests' runs, a quick look.
@@ -44,16 +43,10 @@ def _path(cfg, precision: Precision) -> str:
     return setup_cache_path("layout_runs", cfg, precision, OPTIONS)
 
 
-def _read(path: str) -> Dict[str, list]:
-    try:
-        with open(path) as fh:
-            kept = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(kept, dict):
-        return {}
+def _ratios(path: str) -> Dict[str, list]:
+    """{inference mode: its runs' ratios} kept at `path`, whatever else the file holds dropped."""
     return {mode: [float(r) for r in ratios if isinstance(r, (int, float)) and r > 0]
-            for mode, ratios in kept.items() if isinstance(ratios, list)}
+            for mode, ratios in read_cache(path).items() if isinstance(ratios, list)}
 
 
 def remember(cfg, precision: Precision, inference: str, predicted_steps_per_s: float,
@@ -63,7 +56,7 @@ def remember(cfg, precision: Precision, inference: str, predicted_steps_per_s: f
     if training_s < MIN_TRAINING_S or predicted_steps_per_s <= 0 or trained_steps_per_s <= 0:
         return False
     path = _path(cfg, precision)
-    kept = _read(path)
+    kept = _ratios(path)
     kept[inference] = (kept.get(inference, []) + [trained_steps_per_s / predicted_steps_per_s])[-KEPT_RUNS:]
     write_cache(path, kept)
     return True
@@ -74,4 +67,4 @@ def scales(cfg, precision: Precision) -> Dict[str, float]:
     earlier runs of this setup on this machine tried."""
     low, high = SCALE_BOUNDS
     return {mode: min(high, max(low, statistics.median(ratios)))
-            for mode, ratios in _read(_path(cfg, precision)).items() if ratios}
+            for mode, ratios in _ratios(_path(cfg, precision)).items() if ratios}

@@ -688,6 +688,16 @@ def cache_path(setup: dict) -> str:
     return os.path.join(user_cache("profiles"), hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
 
 
+def read_cache(path: str) -> dict:
+    """The dict a run kept at `path` (a cache_path), or {} where there is none to read."""
+    try:
+        with open(path) as fh:
+            kept = json.load(fh)
+        return kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def write_cache(path: str, data: dict) -> None:
     """Keep `data` at `path` (a cache_path) for the next run, if the cache can be written."""
     try:
