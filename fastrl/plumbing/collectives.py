@@ -228,15 +228,15 @@ class Peers:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         sizes = [g.numel() for g in grads]
         n = sum(sizes)
-        ride = 0 if riders is None else riders.numel()
-        flat = torch.empty(n + 1 + len(extras) + ride, dtype=torch.float32, device=self.device)
+        head = n + 1 + len(extras)  # the gradients, the weight and the extras; the riders after
+        flat = torch.empty(head + (0 if riders is None else riders.numel()), dtype=torch.float32, device=self.device)
         torch.cat([g.reshape(-1) for g in grads], out=flat[:n]).mul_(weight)
-        flat[n:n + 1 + len(extras)] = torch.tensor([weight, *extras], dtype=torch.float32)
+        flat[n:head] = torch.tensor([weight, *extras], dtype=torch.float32)
         if riders is not None:
-            flat[n + 1 + len(extras):] = riders.reshape(-1)
+            flat[head:] = riders.reshape(-1)
         self._all_reduce(flat, "the gradient all-reduce")
-        tail = flat[n:n + 1 + len(extras)].tolist()
-        summed_riders = None if riders is None else flat[n + 1 + len(extras):].double().view_as(riders)
+        tail = flat[n:head].tolist()
+        summed_riders = None if riders is None else flat[head:].double().view_as(riders)
         scale = 1.0 / tail[0] if tail[0] > 0 else 0.0
         for p, chunk in zip(params, flat[:n].split(sizes)):
             averaged = chunk.view_as(p).mul_(scale)
