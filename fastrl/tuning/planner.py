@@ -80,6 +80,11 @@ LEARNER_LOAD = 0.8
 # alternating, a Zen 3; twenty-sixth session), which the model had tied with it;
 # 2 x 16, the plan with this margin, made 2,339 in the same half hour.
 OUTPACE = 1.25
+# How much of a core the actors may keep busy beside a learner's extra threads
+# (threads_get_cores): a margin, not a measurement. The one measured point is
+# actors at ~1.1 cores beside a 2-thread learner on 2 cores, 0.65-0.69x of the
+# learner on one thread.
+IDLE_ACTOR_CORES = 0.25
 
 
 @dataclass
@@ -249,6 +254,37 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
     }
 
 
+def every_thread_has_a_core(costs: Costs, workers: int, inference: str, policy_workers: int, learner_threads: int,
+                            policies: int = 1) -> bool:
+    """Whether the layout's busy processes and learner threads fit the cores one each."""
+    pw = policy_workers if inference == "policy_worker" else 0
+    return workers + pw + policies * learner_threads <= costs.cores
+
+
+def threads_get_cores(costs: Costs, predicted: dict, workers: int, envs: int, inference: str, policy_workers: int,
+                      learner_threads: int, epochs: int, policies: int = 1, agents: int = 1) -> bool:
+    """Whether a learner on `learner_threads` threads would find a core for each of
+    them, with the actors computing at the `predicted` rate (predict's) beside it.
+
+    A parallel region ends when its slowest thread does, and a thread on a core
+    that a busy worker holds waits out the worker's time slice, region after
+    region, while the others spin. The profile times the learner's threads with
+    the cores to themselves and cannot see it: doom_battle's 2 x 32 on 2 cores
+    (actors ~1.1 cores busy) trained 3,279 / 3,809 env frames/s with a 2-thread
+    learner and 4,778 / 5,872 with one (alternating; benchmarks/README.md,
+    thirty-ninth session), where the quiet profile had two threads 1.8x faster a
+    step. So beyond the first, a learner thread needs a core the actors leave
+    idle, give or take IDLE_ACTOR_CORES (actors that mostly block on free buffers,
+    in a learner-bound layout, take a thread's core at few of its regions)."""
+    if learner_threads == 1 or every_thread_has_a_core(costs, workers, inference, policy_workers, learner_threads,
+                                                        policies):
+        return True
+    actors, _ = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
+                                policy_workers)
+    actors_busy = predicted["trained_steps_per_s"] * actors  # cores the actors keep busy
+    return actors_busy <= costs.cores - policies * learner_threads + IDLE_ACTOR_CORES
+
+
 def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
                 epochs: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> int:
     """The least niceness of the rollout workers at which Linux's fair share gives
@@ -268,7 +304,7 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     workers wait while the learner trains, so there is no share to move)."""
     pw = policy_workers if inference == "policy_worker" else 0
     learners = policies * learner_threads  # threads of all the learners
-    if workers + pw + learners <= costs.cores or ahead == 0:
+    if every_thread_has_a_core(costs, workers, inference, policy_workers, learner_threads, policies) or ahead == 0:
         return 0
     actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
                                     policy_workers)
@@ -326,6 +362,10 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
                         p = predict(costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
                                     cfg.rollout, cfg.batch_size, policies, agents, cfg.max_batches_ahead)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
+                            continue
+                        if "learner_threads" not in explicit and not threads_get_cores(
+                                costs, p, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
+                                policies, agents):
                             continue
                         if scales and inference in scales:
                             p = scaled(p, scales[inference])
