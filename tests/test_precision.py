@@ -300,7 +300,7 @@ def test_a_cold_start_times_each_forward_once_and_either_cache_alone_still_works
                     "profile": count_timed_calls(monkeypatch, profiling)}
     config = Config(env=REACT, experiment="react", train_dir=str(tmp_path / "train"), precision="auto", plan="auto",
                     device="cpu", hidden_sizes="16", num_envs_per_worker=4, rollout=8, batch_size=32, num_minibatches=1)
-    two_threads = {("train", 1, None), ("train", 2, None)} if usable_cores() >= 2 else None
+    learner_timed = {("train", 1, None), ("train", 2, None)} if usable_cores() >= 2 else None
 
     def start() -> dict:
         """{measurement: the keys it timed}, of one start-up's measurements."""
@@ -319,10 +319,10 @@ def test_a_cold_start_times_each_forward_once_and_either_cache_alone_still_works
     cold = start()
     assert cold["precision"] == {(role, p, b) for p in ("fp32", "bf16")
                                  for role, b in [("learning", None), *(("acting", b) for b in FORWARD_BATCHES)]}
-    assert cold.get("profile") == two_threads
+    assert cold.get("profile") == learner_timed
     assert len(os.listdir(cache)) == 2
     assert start() == {}  # both cached
     forget("profile")
-    assert start() == ({"profile": two_threads} if two_threads else {})  # the cached precision's timings
+    assert start() == ({"profile": learner_timed} if learner_timed else {})  # the cached precision's timings
     forget("precision")
     assert set(start()) == {"precision"}  # the profile is still cached

@@ -12,6 +12,7 @@ Rates it predicts, in agent steps/s, for W rollout workers of E envs:
     TR_A (production)   local:        W / (env + forward(E))
                         policy_worker: min(W / env, P / (forward(W*E/(2*P)) + comm))
     TR_L (consumption)  1 / (epochs * train[t])                  t = learner threads
+                        (t > 1 only where the actors leave it cores: threads_get_cores)
     TR_C (the cores)    C / (env + forward + epochs * t * train[t] + comm)
     trained = min(TR_A, TR_L, TR_C)
 (P policy workers share the requests, so each one's batch is about a split of
@@ -81,9 +82,10 @@ LEARNER_LOAD = 0.8
 # 2 x 16, the plan with this margin, made 2,339 in the same half hour.
 OUTPACE = 1.25
 # How much of a core the actors may keep busy beside a learner's extra threads
-# (threads_get_cores): a margin, not a measurement. The one measured point is
-# actors at ~1.1 cores beside a 2-thread learner on 2 cores, 0.65-0.69x of the
-# learner on one thread.
+# (threads_get_cores): a margin, not a measurement. The measured points are all
+# well past it: actors at ~1.1 cores beside a 2-thread learner on 2 cores trained
+# 0.65-0.69x (doom_battle) and 0.50-0.82x (doom_defend_the_center) of the learner
+# on one thread.
 IDLE_ACTOR_CORES = 0.25
 
 

@@ -616,9 +616,9 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
     inference at several batch sizes on one thread (actors run one) and a learner
     gradient pass on 1 and 2 threads, interleaved. Given the model's `one_thread`
     costs, timed already, it takes those and times only the learner's pass on 1
-    and 2 threads, for a third of `seconds`, to scale the one-thread step by the
-    second thread's speed-up measured in the same rounds (the comment below says
-    why not by the two-thread time itself). --precision auto times in CPU seconds (measure_precision
+    and 2 threads, for a third of `seconds`: the two-thread cost is the given
+    one-thread cost at the speed-up these rounds measure (the comment below says
+    why). --precision auto times in CPU seconds (measure_precision
     says why), which on a quiet core are the wall seconds this would time, and on
     a busy one are nearer to what the model costs a core of its own. Where the run
     computes on a GPU, the learner's step (at the run's minibatch) and the policy
@@ -651,7 +651,7 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
             # speed moves by a third between such moments (the same one-thread step
             # timed 947 us a sample in one and 697 in the next): a two-thread time
             # from one over a one-thread time from the other read a 2.4x speed-up
-            # from the second thread, where the same rounds measure 1.8x, and the
+            # from the second thread, where the same rounds measure 1.5-1.8x, and the
             # plan gave doom_battle's learner two threads on two busy cores. So only
             # the speed-up crosses over, and every model cost keeps the precision's
             # level; the price is the one-thread step timed twice, ~1 s of a cold profile.
