@@ -78,6 +78,10 @@ def test_a_second_learner_thread_needs_a_core_the_actors_leave_idle():
     # Asked for by the user, it is what the run gets.
     asked = choose(XEON_DOOM, dataclasses.replace(doom, learner_threads=2), explicit={"learner_threads"})
     assert asked.learner_threads == 2
+    # Where sampling and learning take turns (Atari's preset), the workers wait while
+    # the learner trains: its threads have the cores, and the faster step is planned.
+    turns = choose(XEON_DOOM, dataclasses.replace(doom, max_batches_ahead=0), explicit=set())
+    assert turns.learner_threads == 2 and turns.predicted["schedule"] == "turns"
 
 
 def test_local_inference_when_the_model_is_cheap_and_cores_are_few():

@@ -264,9 +264,11 @@ def every_thread_has_a_core(costs: Costs, workers: int, inference: str, policy_w
 
 
 def threads_get_cores(costs: Costs, predicted: dict, workers: int, envs: int, inference: str, policy_workers: int,
-                      learner_threads: int, epochs: int, policies: int = 1, agents: int = 1) -> bool:
+                      learner_threads: int, epochs: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> bool:
     """Whether a learner on `learner_threads` threads would find a core for each of
-    them, with the actors computing at the `predicted` rate (predict's) beside it.
+    them, with the actors computing at the `predicted` rate (predict's) beside it,
+    or not beside it at all: where sampling and learning take turns (`ahead` 0),
+    the workers wait while the learner trains.
 
     A parallel region ends when its slowest thread does, and a thread on a core
     that a busy worker holds waits out the worker's time slice, region after
@@ -278,8 +280,8 @@ def threads_get_cores(costs: Costs, predicted: dict, workers: int, envs: int, in
     step. So beyond the first, a learner thread needs a core the actors leave
     idle, give or take IDLE_ACTOR_CORES (actors that mostly block on free buffers,
     in a learner-bound layout, take a thread's core at few of its regions)."""
-    if learner_threads == 1 or every_thread_has_a_core(costs, workers, inference, policy_workers, learner_threads,
-                                                        policies):
+    if learner_threads == 1 or ahead == 0 or every_thread_has_a_core(costs, workers, inference, policy_workers,
+                                                                      learner_threads, policies):
         return True
     actors, _ = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
                                 policy_workers)
@@ -367,7 +369,7 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
                             continue
                         if "learner_threads" not in explicit and not threads_get_cores(
                                 costs, p, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
-                                policies, agents):
+                                policies, agents, cfg.max_batches_ahead):
                             continue
                         if scales and inference in scales:
                             p = scaled(p, scales[inference])
