@@ -36,7 +36,9 @@ What is counted (FPS = env frames/s = agent steps x frameskip 4, on both sides):
            which is learner-side: experience_size x env_frameskip added after each
            training step (learner.py), i.e. it already counts frameskip.
   window   the rate between the first report at least --skip seconds after launch
-           and the last report: steady state, start-up excluded.
+           and the last report: steady state, start-up excluded. A run whose
+           window's second half stepped RAMP_LIMIT times its first is named as
+           still starting: its window ratio is not a steady state's.
   launch   frames at the last report / its time since launch: start-up included.
 Both sides report every 5 s with timestamps (fastrl: seconds since its launch; SF:
 wall-clock log stamps, turned into seconds since this script launched it).
@@ -76,6 +78,13 @@ SF_PACKAGES = ("sample-factory==2.1.1", "vizdoom==1.3.2")
 SF_PINS = {"torch": "2.13.0", "sample-factory": "2.1.1", "vizdoom": "1.3.2"}
 
 FRAMESKIP = 4
+# A window whose second half steps this many times its first held the run's start-up.
+# A steady run's halves differ by the noise; the margin above it leaves room for a CPU
+# run whose compiled learner switches in mid-window. On one H200 machine Sample Factory's
+# doom_defend_the_center stepped its first frames 44 s into a 50-s run: a window from
+# 20 s gave it 3,722 fps (halves 0 and 6,544) and fastrl a 19.8x ratio that said
+# nothing of either side's steady state (benchmarks/README.md, fortieth session).
+RAMP_LIMIT = 1.5
 SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -498,7 +507,26 @@ def rates(parsed: dict, skip: float) -> dict:
         out["stepped_window_fps"] = (last[1] - start[1]) / span
         out["trained_window_fps"] = (last[2] - start[2]) / span
         out["window"] = (round(start[0], 1), round(last[0], 1))
+        out["window_halves_fps"] = window_halves([p for p in pts if start[0] <= p[0]])
     return out
+
+
+def window_halves(window: list) -> tuple | None:
+    """(stepped fps over the window's first half, over its second), split at the report
+    nearest its middle; None where a half would hold no interval."""
+    if len(window) < 3:
+        return None
+    middle = (window[0][0] + window[-1][0]) / 2
+    mid = min(window[1:-1], key=lambda p: abs(p[0] - middle))
+    first = (mid[1] - window[0][1]) / (mid[0] - window[0][0])
+    second = (window[-1][1] - mid[1]) / (window[-1][0] - mid[0])
+    return first, second
+
+
+def still_starting(halves: tuple | None) -> bool:
+    """Whether a run's window held its start-up: its second half stepped RAMP_LIMIT
+    times its first or more."""
+    return halves is not None and halves[1] > RAMP_LIMIT * max(halves[0], 0.0)
 
 
 # ----------------------------------------------------------------------------------
@@ -663,6 +691,11 @@ def main(argv=None) -> int:
             if run.other_cores > 0.2:
                 print(f"note: other processes kept {run.other_cores:.2f} of {os.cpu_count()} cores busy during this "
                       f"run (it used {run.run_cores:.2f}): the machine was not quiet", flush=True)
+            if still_starting(r.get("window_halves_fps")):
+                first, second = r["window_halves_fps"]
+                print(f"note: {side} was still starting in its window (first half {fmt(first)} fps, second "
+                      f"{fmt(second)}): a ratio against its window is not a steady state's; give each run more "
+                      f"--seconds or a later --skip", flush=True)
             if not r["trained_window_fps"]:
                 print(f"note: {side} trained nothing in the steady-state window: --seconds is too short for "
                       f"its start-up on this machine now (see {run.log_path})", flush=True)
