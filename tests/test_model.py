@@ -228,6 +228,22 @@ def test_images_are_normalised_per_pixel(bf16):
     torch.testing.assert_close(got, want, atol=0.05 if bf16 else 1e-4, rtol=0.05 if bf16 else 1e-4)
 
 
+def test_image_moments_in_float32_match_a_float64_reference():
+    # Frames are summed in float32 (a speed matter); the sums about the running mean
+    # must stay within rounding of float64's for a call's IMAGE_NORM_ROWS frames.
+    torch.manual_seed(0)
+    norm = RunningNorm(IMAGE.shape)
+    norm.mean.copy_(torch.rand(IMAGE.shape) * 255)
+    frames = torch.randint(0, 256, (IMAGE_NORM_ROWS, *IMAGE.shape), dtype=torch.uint8)
+    d = frames.double() - norm.mean.double()
+    k = d[0].numel()
+    for x in (frames, frames.contiguous(memory_format=torch.channels_last)):
+        got = norm.moments(x)
+        assert got.dtype == torch.float64 and got[0].item() == IMAGE_NORM_ROWS
+        assert (got[1:1 + k] - d.sum(0).reshape(-1)).abs().max() < 0.05
+        torch.testing.assert_close(got[1 + k:], d.square().sum(0).reshape(-1), rtol=1e-6, atol=0.0)
+
+
 def test_the_pixel_z_score_is_the_same_whatever_the_images_layout():
     # The statistics are laid out as the images are before the arithmetic (a speed
     # matter only): channels-last and contiguous frames, uint8 or float, give the
