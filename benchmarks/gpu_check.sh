@@ -11,9 +11,12 @@
 # `layouts` (the policy workers' count and batching, on the bench), `compile` (the
 # learner's step compiled) and `compile_stall` (a run's rate while it compiles) only
 # when named.
-# SECONDS_PER_RUN (60), ROUNDS (1), WORKERS (the cores), ENVS (8) and FASTRL_LAYOUT
-# (fixed) set the comparisons (Sample Factory's rate moved by a third between two
-# one-round calls on one machine: two rounds say more); FASTRL_EXTRA adds
+# SECONDS_PER_RUN (60), SKIP (half of it), ROUNDS (1), WORKERS (the cores), ENVS (8)
+# and FASTRL_LAYOUT (fixed) set the comparisons (Sample Factory's rate moved by a
+# third between two one-round calls on one machine: two rounds say more; at 16 x 16
+# its engines stepped their first frames 36-44 s after launch on the fortieth
+# session's H200, so a steady window needs runs of 120 s or more, which one
+# 15-minute lease holds for one scenario); FASTRL_EXTRA adds
 # fastrl.train options to fastrl's side alone (say "--num_workers 15
 # --num_envs_per_worker 32 --num_policy_workers 1" against SF at WORKERS x ENVS).
 #
@@ -71,7 +74,8 @@ TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 STEPS=${*:-tests precision bench battle planned dtc}
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 # FASTRL_LAYOUT=planned lets fastrl's planner choose its layout against SF's (WORKERS x ENVS).
-VS=(benchmarks/vs_sample_factory.py --device cuda --rounds "${ROUNDS:-1}" --seconds "$SECONDS_PER_RUN" --skip 20
+VS=(benchmarks/vs_sample_factory.py --device cuda --rounds "${ROUNDS:-1}" --seconds "$SECONDS_PER_RUN"
+    --skip "${SKIP:-$(( SECONDS_PER_RUN / 2 ))}"
     --num_workers "$WORKERS" --num_envs_per_worker "${ENVS:-8}" --fastrl_inference policy_worker
     --fastrl_layout "${FASTRL_LAYOUT:-fixed}" --fastrl_extra "${FASTRL_EXTRA:-}"
     --venv $SF_VENV --sf_torch "torch==$TORCH_VERSION" --train_dir /tmp/vs_sf)
@@ -160,7 +164,7 @@ cd "$OUT"
 [ -f gpu_tests.log ] && tail -n 30 gpu_tests.log
 [ -f precision.log ] && grep -E "precision|forward|learner|step" precision.log | head -20
 for f in layout_*.log; do [ -f $f ] && { echo "--- $f"; grep -E "^layout|^train |^  (rollout|policy|learner) |GPU|bottleneck|core time|lag" $f; }; done
-for f in vs_sf_battle.log vs_sf_dtc.log; do [ -f $f ] && grep -E "^env only|^round|median ratio|warning|TRACEBACK|Error" $f; done
+for f in vs_sf_battle.log vs_sf_dtc.log; do [ -f $f ] && grep -E "^env only|^round|median ratio|still starting|warning|TRACEBACK|Error" $f; done
 [ -f compile.log ] && grep -E "^train |learner:|bottleneck" compile.log
 [ -f planned.log ] && grep -E "plan|inference|\] frames|Traceback|Error" planned.log | head -20
 exit 0
