@@ -37,8 +37,8 @@ What is counted (FPS = env frames/s = agent steps x frameskip 4, on both sides):
            training step (learner.py), i.e. it already counts frameskip.
   window   the rate between the first report at least --skip seconds after launch
            and the last report: steady state, start-up excluded. A run whose
-           window's second half stepped RAMP_LIMIT times its first is named as
-           still starting: its window ratio is not a steady state's.
+           window's second half stepped more than RAMP_LIMIT times its first is
+           named as still starting: its window ratio is not a steady state's.
   launch   frames at the last report / its time since launch: start-up included.
 Both sides report every 5 s with timestamps (fastrl: seconds since its launch; SF:
 wall-clock log stamps, turned into seconds since this script launched it).
@@ -78,7 +78,7 @@ SF_PACKAGES = ("sample-factory==2.1.1", "vizdoom==1.3.2")
 SF_PINS = {"torch": "2.13.0", "sample-factory": "2.1.1", "vizdoom": "1.3.2"}
 
 FRAMESKIP = 4
-# A window whose second half steps this many times its first held the run's start-up.
+# A window whose second half steps more than this many times its first held the run's start-up.
 # A steady run's halves differ by the noise; the margin above it leaves room for a CPU
 # run whose compiled learner switches in mid-window. On one H200 machine Sample Factory's
 # doom_defend_the_center stepped its first frames 44 s into a 50-s run: a window from
@@ -518,14 +518,16 @@ def window_halves(window: list) -> tuple | None:
         return None
     middle = (window[0][0] + window[-1][0]) / 2
     mid = min(window[1:-1], key=lambda p: abs(p[0] - middle))
+    if mid[0] <= window[0][0] or window[-1][0] <= mid[0]:  # SF can print several reports in one instant
+        return None
     first = (mid[1] - window[0][1]) / (mid[0] - window[0][0])
     second = (window[-1][1] - mid[1]) / (window[-1][0] - mid[0])
     return first, second
 
 
 def still_starting(halves: tuple | None) -> bool:
-    """Whether a run's window held its start-up: its second half stepped RAMP_LIMIT
-    times its first or more."""
+    """Whether a run's window held its start-up: its second half stepped more than
+    RAMP_LIMIT times its first."""
     return halves is not None and halves[1] > RAMP_LIMIT * max(halves[0], 0.0)
 
 

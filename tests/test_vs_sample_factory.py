@@ -31,6 +31,8 @@ def test_a_run_whose_frames_start_late_in_its_window_is_named():
 
 def test_halves_need_a_report_inside_the_window():
     assert vs.window_halves([(20, 0, 0), (30, 100, 0)]) is None
+    # Sample Factory prints its first reports in one instant: no half may be empty.
+    assert vs.window_halves([(31.7, 0, 0), (31.7, 0, 0), (49.3, 65_440, 0)]) is None
     assert not vs.still_starting(None)
     # A 1.4x second half is within the margin, 1.6x is not.
     assert not vs.still_starting((10.0, 14.0))
