@@ -18,10 +18,11 @@ from fastrl.algo.model import native_bf16
 # its width (at 128 units and raw returns it stayed at chance through 217k frames,
 # where z-scored returns reached 28 by ~80k). At the family's 512 units the run took
 # 77-100 s to 28, compiled (`--compile_learner auto`'s choice for a GRU) or eager;
-# at 128, eager, 25-27 s (AMD EPYC, 2 cores); compiling costs a short run more than
-# it gives, and tests/test_compiled.py covers it.
+# at 128, eager, 25-27 s (AMD EPYC, 2 cores); compiling the learner's step or the
+# workers' forward costs a short run more than it gives, and tests/test_compiled.py
+# and tests/test_compiled_act.py cover them.
 PIXEL_MODEL = ["--use_rnn", "true", "--separate_critic", "false", "--ppo_epochs", "1", "--num_minibatches", "1",
-               "--lr", "1e-3", "--rnn_size", "128", "--compile_learner", "off"]
+               "--lr", "1e-3", "--rnn_size", "128", "--compile_learner", "off", "--compile_actors", "off"]
 
 
 # bf16 as well: every episode here ends at a time limit, whose bootstrap value the

@@ -110,7 +110,7 @@ def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_
     worker, ctx = _worker()
     try:
         assert worker._start_splits()
-        policy = LocalPolicy(worker.cfg, ctx, worker.row)
+        policy = LocalPolicy(worker.cfg, ctx, worker.row, 0)
         b, buf = ctx.buffers, worker.buf[0]
         models = {}
         for t in range(ROLLOUT):

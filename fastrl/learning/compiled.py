@@ -5,8 +5,9 @@ benchmarks/compile_vs_eager.py, doom_battle's model on one thread (AMD EPYC, tor
 2.13): the whole of evaluate compiled takes the learner's step to 0.78x of eager's
 time in bf16 and 0.84x in fp32 (0.61x and 0.74x before the eager pixel z-score
 was laid out as the frames are: the compile had fused it), where the conv stack
-or the GRU step compiled alone gain nothing (0.93-1.06x), nor does an actor's
-forward (0.98-1.02x). The cost is the compile: tens of seconds of a core the
+or the GRU step compiled alone gain nothing (0.93-1.06x). (A rollout worker's
+forward, compiled whole, gains too: fastrl/sampling/compiled_act.py.) The cost
+is the compile: tens of seconds of a core the
 first time on a machine, a few once inductor's on-disk cache holds it.
 So no run waits for it:
 

@@ -84,6 +84,7 @@ from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.population import PopulationDriver
 from fastrl.runtime.sink import sink_main
 from fastrl.runtime.supervision import WorkerSupervisor
+from fastrl.sampling.compiled_act import ACT_COMPILE_KEY, describe_actor_compiles
 from fastrl.sampling.policy_worker import policy_worker_main
 from fastrl.sampling.rollout_worker import rollout_worker_main
 from fastrl.tuning import compiled_costs, layout_memory, planner, profiling
@@ -456,6 +457,10 @@ class Runner:
         self.reached_reward_mean: Optional[float] = None
         self.metrics: dict = {}
         self.policy_metrics: dict = {}  # policy -> its learner's latest statistics, policies 1 and up
+        # (worker, policy) -> its forward's compile report (fastrl/sampling/compiled_act.py); the
+        # line saying what they chose is printed once every rollout worker has reported.
+        self.actor_compiles: dict = {}
+        self.actor_compiles_said = False
         self.drift = DriftWatch(cfg.exploration_loss)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.eval_abandon = StopFlag()  # the evaluator's own stop: ctx.stop lets it finish the evaluation due
@@ -661,6 +666,9 @@ class Runner:
                 self.reached_reward_mean = max(full)
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
+                if ACT_COMPILE_KEY in m:
+                    self._actor_compiled(m[ACT_COMPILE_KEY])
+                    continue
                 if m.get("policy", 0) != 0:
                     self.policy_metrics[m["policy"]] = m  # policy 0's stand for the run, as in a run of one
                     continue
@@ -685,6 +693,17 @@ class Runner:
             monitor.log(ev["env_frames"], time.time() - start, {k: v for k, v in ev.items() if k.startswith("eval/")})
             self.say(f"evaluation at {ev['env_frames']:,} frames (policy version {ev['version']}): "
                      f"return {ev['eval/return']:.2f} over {self.cfg.eval_episodes} deterministic episodes")
+
+    def _actor_compiled(self, report: dict) -> None:
+        self.actor_compiles[report["worker"], report["policy"]] = report
+        workers = {worker for worker, _ in self.actor_compiles}
+        if not self.actor_compiles_said and workers >= set(range(self.cfg.num_workers)):
+            self.actor_compiles_said = True
+            self.say(describe_actor_compiles(self.actor_compile_reports()))
+
+    def actor_compile_reports(self) -> list:
+        """The rollout workers' compile reports so far, by worker and policy."""
+        return [self.actor_compiles[k] for k in sorted(self.actor_compiles)]
 
     def mean_return(self) -> float:
         return sum(self.returns100) / len(self.returns100) if self.returns100 else float("nan")
@@ -963,6 +982,7 @@ class Runner:
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
             "learner_restarts": self.earlier.learner_restarts,
             COMPILE_KEY: self.metrics.get(COMPILE_KEY),
+            ACT_COMPILE_KEY: self.actor_compile_reports() or None,
         }
         if self.cfg.num_policies > 1:
             summary["policies"] = [

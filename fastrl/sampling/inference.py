@@ -10,12 +10,13 @@ import queue
 
 import torch
 
-from fastrl.algo.model import build_model, load_flat_state
+from fastrl.algo.model import build_model, has_images, load_flat_state
 from fastrl.cuda.graphs import make_policy_runner
 from fastrl.cuda.timing import DeviceClock
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
 from fastrl.plumbing.stats_board import BoardRow
+from fastrl.sampling.compiled_act import ACT_COMPILE_KEY, CompiledAct, actors_compile
 
 
 class PolicyCopy:
@@ -71,7 +72,17 @@ class PolicyCopy:
 
 
 class LocalPolicy(PolicyCopy):
-    """Inference inside a rollout worker, on one split at a time."""
+    """Inference inside a rollout worker, on one split at a time; its forward
+    compiled where --compile_actors says so (fastrl/sampling/compiled_act.py),
+    the choice reported to the runner once made."""
+
+    def __init__(self, cfg, ctx: SharedContext, row: BoardRow, worker: int, policy: int = 0):
+        super().__init__(cfg, ctx, row, policy=policy)
+        self.worker, self.policy = worker, policy
+        self.compiled = None
+        if actors_compile(cfg.compile_actors, has_images(ctx.obs_space), cfg.use_rnn, self.device.type,
+                          cfg.inference, ctx.precision.acting):
+            self.compiled = CompiledAct(self.model, cfg.compile_actors, beat=row.beat)
 
     def act_into(self, buf: int, t: int, rnn_state: torch.Tensor) -> torch.Tensor:
         b = self.ctx.buffers
@@ -80,6 +91,10 @@ class LocalPolicy(PolicyCopy):
         b.behaviour_logp[buf, t] = out.logp
         b.behaviour_value[buf, t] = out.values
         b.policy_version[buf, t] = self.version
+        report = self.compiled.take_report() if self.compiled is not None else None
+        if report is not None:
+            put_many_polling(self.ctx.metrics_queue,
+                             [{ACT_COMPILE_KEY: {**report, "worker": self.worker, "policy": self.policy}}], 1.0)
         return out.rnn_state
 
 

@@ -192,7 +192,7 @@ class RolloutWorker:
     def _run_local(self) -> None:
         cfg = self.cfg
         # One copy of each policy's model; split s acts with policy_of_split(s)'s.
-        policies = [LocalPolicy(cfg, self.ctx, self.row, policy=k) for k in range(cfg.num_policies)]
+        policies = [LocalPolicy(cfg, self.ctx, self.row, self.index, policy=k) for k in range(cfg.num_policies)]
         acting = [policies[cfg.policy_of_split(s)] for s in range(len(self.splits))]
         b = self.ctx.buffers
         rnn = [torch.zeros(cfg.envs_per_split, policies[0].rnn_size) for _ in self.splits]

@@ -35,8 +35,8 @@ KEPT_RUNS = 5  # per mode: the median of the last few follows a machine that cha
 # The most a mode's memory moves its prediction: the errors measured were 0.9-1.3x.
 SCALE_BOUNDS = (0.7, 1.4)
 # What, beside the profiled costs, sets the rate a layout trains at.
-OPTIONS = (*PROFILED_OPTIONS, "batch_size", "num_minibatches", "rollout", "compile_learner", "num_policies",
-           "max_batches_ahead")
+OPTIONS = (*PROFILED_OPTIONS, "batch_size", "num_minibatches", "rollout", "compile_learner", "compile_actors",
+           "num_policies", "max_batches_ahead")
 
 
 def _path(cfg, precision: Precision) -> str:
