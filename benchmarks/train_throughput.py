@@ -43,7 +43,8 @@ def main() -> int:
     steady = [(float(m[2].replace(",", "")), float(m[3].replace(",", "")))
               for m in map(STATUS.match, out.splitlines()) if m and float(m[1]) >= args.warmup]
     for line in out.splitlines():
-        if line.startswith("fastrl: plan:") or "measured" in line or "the learner's step" in line:
+        if line.startswith("fastrl: plan:") or "measured" in line or "the learner's step" in line \
+                or "the rollout workers' forward" in line:
             print(line)
     print(f"from launch: {summary['env_frames']:,} env frames in {summary['wall_seconds']:.0f} s = "
           f"{summary['fps']:,.0f} env frames/s; mean return(100) {summary['mean_return_100']}")

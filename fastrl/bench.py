@@ -57,6 +57,7 @@ from fastrl.learning.compiled import COMPILE_KEY, describe_compile, will_compile
 from fastrl.plumbing.files import cannot_write, write_json
 from fastrl.plumbing.proc import usable_cores
 from fastrl.plumbing.stats_board import FIELDS
+from fastrl.sampling.compiled_act import ACT_COMPILE_KEY, actors_compile, describe_actor_compiles
 from fastrl.tuning.bottleneck import diagnose
 from fastrl.tuning.profiling import (
     ProfilingError,
@@ -196,12 +197,15 @@ class _Window:
     of every learner batch is kept too, as the board holds only the last batch's.
     """
 
-    def __init__(self, warmup: float, seconds: float, progress: _Progress, awaits_compile: bool = False):
-        """awaits_compile: the run's learner compiles its step; the warm-up then lasts
-        until it has chosen compiled or eager (at most COMPILE_WAIT_S), so that the
-        window times the step the run keeps, not a mix of both and the compile."""
+    def __init__(self, warmup: float, seconds: float, progress: _Progress, awaits_compile: bool = False,
+                 awaits_actors: bool = False):
+        """awaits_compile: the run's learner compiles its step; awaits_actors: its
+        rollout workers compile their forward. The warm-up then lasts until each has
+        chosen compiled or eager (at most COMPILE_WAIT_S), so that the window times
+        what the run keeps, not a mix of both and the compile."""
         self.warmup, self.seconds, self.progress = warmup, seconds, progress
-        self.awaits_compile = awaits_compile
+        self.awaits_compile = awaits_compile or awaits_actors
+        self.awaits_learner, self.awaits_actors = awaits_compile, awaits_actors
         self.compile_waited_s = 0.0  # the warm-up's time past --warmup spent waiting for it
         self.window_from = None
         self.flowing_at = None
@@ -231,7 +235,9 @@ class _Window:
         if self.window_from is None:
             self.progress.at(min(elapsed - self.flowing_at, self.warmup))
             warm = elapsed >= self.flowing_at + self.warmup
-            if warm and self.awaits_compile and COMPILE_KEY not in runner.metrics:
+            settled = ((not self.awaits_learner or COMPILE_KEY in runner.metrics)
+                       and (not self.awaits_actors or runner.actor_compiles_said))
+            if warm and not settled:
                 warm = elapsed >= self.flowing_at + COMPILE_WAIT_S
             if not warm:
                 return
@@ -362,9 +368,11 @@ def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, prog
     from fastrl.runtime.runner import Runner  # the runner pulls in every process module; env/infer modes do not need it
 
     runner = Runner(cfg, learn=learn)
-    compiles = learn and will_compile(cfg.compile_learner, has_images(runner.obs_space), cfg.use_rnn,
-                                      torch.device(runner.device).type)
-    window = _Window(warmup, seconds, progress, awaits_compile=compiles)
+    images, device_type = has_images(runner.obs_space), torch.device(runner.device).type
+    compiles = learn and will_compile(cfg.compile_learner, images, cfg.use_rnn, device_type)
+    actors = actors_compile(cfg.compile_actors, images, cfg.use_rnn, device_type, cfg.inference,
+                            runner.precision.acting)
+    window = _Window(warmup, seconds, progress, awaits_compile=compiles, awaits_actors=actors)
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the runner's own status lines would break the bar and the table
         code = runner.run(observer=window)
@@ -375,9 +383,12 @@ def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, prog
         raise BenchError(f"the {mode} run never started flowing within {STARTUP_S:.0f} s, so nothing was measured:\n"
                          f"{log.getvalue().rstrip()}")
     result = _rate_report(window, learn)
+    if compiles or actors:
+        result["compile_waited_s"] = window.compile_waited_s
     if compiles:
         result["learner_compile"] = runner.metrics.get(COMPILE_KEY)
-        result["compile_waited_s"] = window.compile_waited_s
+    if actors:
+        result[ACT_COMPILE_KEY] = runner.actor_compile_reports() if runner.actor_compiles_said else None
     return result
 
 
@@ -471,20 +482,30 @@ def _report_limits(results: dict, measured: list, cfg: Config) -> None:
         results["infer"] = {**model.to_dict(), "forward_batch": batch,
                             "learner_core_s_per_sample": model.learner_core_s()}
         if env:
-            # The limit of the learner the train run kept: its compiled step, where it
-            # chose that, is this eager measurement at the ratio the run timed.
+            # The limit of the learner and actors the train run kept: a compiled step or
+            # forward, where the run chose that, is this eager measurement at the ratio
+            # the run timed.
             ratio = _compiled_ratio(results.get("train", {}))
+            forward_ratio = _actors_forward_ratio(results.get("train", {}))
 
-            def learner_kept(m):
-                return m if ratio is None else dataclasses.replace(
-                    m, train_s_per_sample={t: s * ratio for t, s in m.train_s_per_sample.items()})
+            def kept(m):
+                if ratio is not None:
+                    m = dataclasses.replace(m, train_s_per_sample={
+                        t: s * ratio for t, s in m.train_s_per_sample.items()})
+                if forward_ratio is not None:
+                    m = dataclasses.replace(m, forward_s_per_sample={
+                        t: {b: s * forward_ratio for b, s in per_batch.items()}
+                        for t, per_batch in m.forward_s_per_sample.items()})
+                return m
 
-            bound = compute_bound_limit(env, learner_kept(model), batch, cores)
+            bound = compute_bound_limit(env, kept(model), batch, cores)
             if ratio is not None:
                 bound["learn_compiled_ratio"] = ratio
+            if forward_ratio is not None:
+                bound["forward_compiled_ratio"] = forward_ratio
             if len(measured) == 2:
                 bound["before_and_after_steps_per_s"] = [
-                    compute_bound_limit(e, learner_kept(m), batch, cores)["steps_per_s"] for e, m in measured]
+                    compute_bound_limit(e, kept(m), batch, cores)["steps_per_s"] for e, m in measured]
             results["infer"]["compute_bound"] = bound
 
 
@@ -495,6 +516,17 @@ def _compiled_ratio(train: dict):
     if report and report["chosen"] == "compiled" and report.get("ratio"):
         return report["ratio"]
     return None
+
+
+def _actors_forward_ratio(train: dict):
+    """The train run's rollout workers' forward time over eager's, averaged over the
+    workers (1.0 for one that kept eager), where any kept a timed compiled forward;
+    else None."""
+    reports = train.get(ACT_COMPILE_KEY) or []
+    kept = [r["ratio"] if r["chosen"] == "compiled" else 1.0 for r in reports if r.get("ratio")]
+    if not kept or all(k == 1.0 for k in kept):
+        return None
+    return sum(kept) / len(kept)
 
 
 def _ratios(results: dict) -> dict:
@@ -599,6 +631,9 @@ def _compute_lines(infer: dict) -> list:
         if "learn_compiled_ratio" in b:
             out.append(f"  (learn: the eager step timed here x {b['learn_compiled_ratio']:.2f}, the train run's "
                        "compiled step over its eager one)")
+        if "forward_compiled_ratio" in b:
+            out.append(f"  (forward: the eager forward timed here x {b['forward_compiled_ratio']:.2f}, the train run's "
+                       "rollout workers' compiled forward over their eager one)")
         if "before_and_after_steps_per_s" in b:
             before, after = b["before_and_after_steps_per_s"]
             out.append(f"  (each cost: the mean of half a window before the runs, where the limit read {before:,.0f}"
@@ -637,6 +672,11 @@ def _time_lines(mode: str, res: dict, cfg: Config, cores: int) -> list:
     if "env_restarts" in res:
         out.append(f"  warning: envs raised and were restarted {res['env_restarts']:.0f} times in the window;"
                    " these rates include the failures.")
+    if ACT_COMPILE_KEY in res:
+        reports = res[ACT_COMPILE_KEY]
+        out.append(f"  rollout workers: {describe_actor_compiles(reports)}" if reports else
+                   f"  rollout workers: their compile was not decided within {COMPILE_WAIT_S:.0f} s of the run's "
+                   "start, so the window mixes eager and compiled forwards")
     if "learner_compile" in res:
         report, waited = res["learner_compile"], res["compile_waited_s"]
         if report is None:

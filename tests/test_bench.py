@@ -176,6 +176,27 @@ def test_a_compiling_learners_window_begins_once_it_chose_its_step(monkeypatch):
     assert runner.cfg.train_for_seconds == pytest.approx(11.0, abs=0.06)  # the window's end, not the wait's cap
 
 
+def test_the_window_waits_for_the_rollout_workers_compile_too(monkeypatch):
+    # The learner chose at 2 s, the workers at 6 s: the window times the forward they keep.
+    monkeypatch.setattr(bench, "_cpu_seconds", lambda runner: ({}, 0.0))
+    board = _Board(0.3)
+    runner = types.SimpleNamespace(ctx=types.SimpleNamespace(board=board), cfg=types.SimpleNamespace(), metrics={},
+                                   actor_compiles_said=False)
+    window = bench._Window(warmup=1.0, seconds=4.0, progress=types.SimpleNamespace(at=lambda e: None),
+                           awaits_compile=True, awaits_actors=True)
+    poll = 0
+    while poll == 0 or board.now < runner.cfg.train_for_seconds:
+        board.now = poll * 0.05
+        if board.now >= 2.0:
+            runner.metrics[bench.COMPILE_KEY] = {"chosen": "compiled"}
+        runner.actor_compiles_said = board.now >= 6.0
+        window(runner, board.now)
+        poll += 1
+    (t0, *_), _ = window.edges()
+    assert 6.0 <= t0 <= 6.0 + 0.3 + 0.05, t0
+    assert window.compile_waited_s == pytest.approx(5.0, abs=0.06)
+
+
 def test_a_compile_that_never_settles_opens_the_window_at_the_cap(monkeypatch):
     monkeypatch.setattr(bench, "_cpu_seconds", lambda runner: ({}, 0.0))
     monkeypatch.setattr(bench, "COMPILE_WAIT_S", 3.0)
@@ -207,6 +228,26 @@ def test_the_limit_is_that_of_the_learner_step_the_train_run_kept(report, ratio)
     assert bound["before_and_after_steps_per_s"] == pytest.approx([2 / (16e-6 + learn)] * 2)
     assert bound.get("learn_compiled_ratio") == ratio
     assert results["infer"]["learner_core_s_per_sample"] == pytest.approx(20e-6)  # the eager measurement itself
+
+
+@pytest.mark.parametrize("reports, ratio", [
+    ([{"chosen": "compiled", "ratio": 0.8}, {"chosen": "compiled", "ratio": 0.6}], 0.7),
+    ([{"chosen": "compiled", "ratio": 0.8}, {"chosen": "eager", "ratio": 0.97}], 0.9),  # one worker acted eagerly
+    ([{"chosen": "eager", "ratio": 0.97}] * 2, None),
+    ([{"chosen": "compiled", "ratio": None}] * 2, None),  # --compile_actors on: never timed against eager
+    (None, None),  # workers that do not compile, or a run that never settled
+])
+def test_the_limit_is_that_of_the_forward_the_train_runs_workers_kept(reports, ratio):
+    env = EnvProfile(env="x", num_procs=2, envs_per_proc=8, frameskip=4, window_s=1.0, steps_per_s=2e5,
+                     frames_per_s=8e5, seconds_per_step=10e-6, seconds_per_frame=2.5e-6)
+    model = ModelProfile(device="cpu", threads=[1], forward_batch_sizes=[8], forward_s_per_sample={1: {8: 6e-6}},
+                         train_minibatch=256, ppo_epochs=1, train_s_per_sample={1: 20e-6})
+    results = {"train": {} if reports is None else {bench.ACT_COMPILE_KEY: reports}}
+    bench._report_limits(results, [(env, model)], Config(env="x", num_envs_per_worker=8))
+    bound = results["infer"]["compute_bound"]
+    assert bound["core_s_per_step"]["forward"] == pytest.approx(6e-6 * (ratio or 1.0))
+    assert bound.get("forward_compiled_ratio") == (None if ratio is None else pytest.approx(ratio))
+    assert results["infer"]["forward"]  # the eager measurement itself is reported as timed
 
 
 def test_unknown_env_is_one_sentence_and_exit_2(tmp_path):
