@@ -74,9 +74,10 @@ class StubActor(torch.nn.Module):
 
 
 @pytest.fixture
-def fake_compile(monkeypatch):
+def fake_compile(monkeypatch, tmp_path):
     """torch.compile giving a forward of cost["compiled"] seconds (or raising when
     that is an exception; its first call is the compile)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # what the compile points inductor at
     clock, cost = FakeClock(), {"eager": 1.0, "compiled": 0.5}
 
     def compiled(fn):
@@ -132,7 +133,8 @@ def test_a_failed_compile_leaves_the_forward_eager(fake_compile):
     assert report["chosen"] == "eager" and report["why"].startswith("compiling failed (RuntimeError: CppCompileError")
 
 
-def test_the_compile_keeps_the_worker_beating(monkeypatch):
+def test_the_compile_keeps_the_worker_beating(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     beats = []
 
     def slow_compile(fn):

@@ -44,23 +44,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from fastrl.plumbing.files import user_cache
+from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, short_error, use_inductor_cache
 
-# `auto` compiles only image models with a GRU core, on a CPU. With a GRU the
-# unrolled loop is one graph to fuse, forward and backward. doom_basic's image
-# model has none (and no input z-score) and gained 0.87x, and its runs reach their
-# target in two minutes, during which the compile's CPU seconds would cost more
-# than the steps win back; a vector model's step takes a few ms.
-# On a GPU the compiled step is faster (doom_defend_the_center on an H200: 15 ms
-# against eager's 29), but the compile is what cost: the eager GPU step is the
-# host launching kernels, holding the GIL, and the compile, then a thread of the
-# learner, took it away while it traced, so for the 35 s of the compile the learner
-# trained 0-2,500 samples/s where it trains 20-25k, and the actors waited on it
-# (the compile's own process, since, leaves the GIL alone; not measured on a GPU
-# yet). Eager already consumes faster than 16 cores produce (29 ms per 1,024
-# samples is ~140k env frames/s), so the compiled step wins nothing there; `on`
-# is for a GPU whose learner is the limit (benchmarks/README.md, twenty-eighth
-# session).
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
@@ -75,7 +60,6 @@ COMPILE_STARTED_LINE = ("compiling the learner's step in the background; until i
 # one doom_battle run kept eager at 1.11x where the next four measured the
 # compiled step at 0.67-0.84x (benchmarks/README.md, sixteenth session).
 TIMED_STEPS = 5
-MAX_RATIO = 0.95  # compiled kept only below this fraction of eager's step time
 # A ratio this close to MAX_RATIO after TIMED_STEPS a side is timed for as many steps
 # again before the choice: one doom_defend_the_center plan timed 0.96x (kept eager)
 # in one run and 0.88x and 0.83x in the next two (thirty-second session). Both steps
@@ -92,19 +76,6 @@ CLOSE_CALL = 0.05
 # load) is judged so from the third run that says it.
 PRIOR_RUNS = 4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
-# Where inductor keeps what it compiled, unless the user says (TORCHINDUCTOR_CACHE_DIR).
-# Its own default is /tmp/torchinductor_<user>, which most Linux systems empty at boot,
-# so every reboot meant a cold compile again: minutes of a core beside the run on 2
-# cores (doom_battle's took 164.5 s on a Zen 3 EPYC, and doom_defend_the_center's had
-# not finished 150 s after launch on an Intel Xeon, the run meanwhile slower than
-# Sample Factory's; benchmarks/README.md). A warm one takes 7-16 s. The price is disk:
-# ~160 MB for the Doom models' setups on one machine.
-INDUCTOR_CACHE = "inductor"
-
-
-def auto_compiles(images: bool, use_rnn: bool, device_type: str) -> bool:
-    """Whether `auto` tries the compile for this model and device."""
-    return images and use_rnn and device_type == "cpu"
 
 
 def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bool:
@@ -137,11 +108,6 @@ def compile_in_child(replica: torch.nn.Module, inputs: dict, uniform_kl: bool, t
         return f"the compiling process was killed ({signal.Signals(-child.returncode).name})"
     said = err.decode(errors="replace").strip().splitlines()
     return said[-1] if said else f"the compiling process exited with code {child.returncode}"
-
-
-def short_error(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
 
 
 class CompiledEvaluate:
@@ -226,7 +192,7 @@ class CompiledEvaluate:
         self.state = "armed"
 
     def _start_warm(self) -> None:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache(INDUCTOR_CACHE))
+        use_inductor_cache()
         replica = copy.deepcopy(self.model)
         inputs, self._inputs = self._inputs, None
         # The count is read here: a thread torch did not start may see its own default.

@@ -29,9 +29,10 @@ from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate, auto_compiles
+from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate
 from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
+from fastrl.plumbing.compiling import auto_compiles
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.params import device_copies
 from fastrl.plumbing.polling import get_many_polling, put_many_polling

@@ -35,7 +35,7 @@ def main() -> int:
         return 1  # the learner died before the death signal was set
     import torch
 
-    from fastrl.learning.compiled import short_error
+    from fastrl.plumbing.compiling import short_error
 
     payload = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)
     torch.set_num_threads(payload["threads"])

@@ -39,7 +39,6 @@ cache warm.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -47,8 +46,7 @@ from typing import Callable, Optional
 
 import torch
 
-from fastrl.learning.compiled import INDUCTOR_CACHE, MAX_RATIO, MODES, auto_compiles, short_error
-from fastrl.plumbing.files import user_cache
+from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, short_error, use_inductor_cache
 
 # Seconds of acting before the compile starts (with `auto`; `on` starts at once).
 # doom_battle's first batch comes ~10 s after launch on 2 cores and the learner's
@@ -91,7 +89,8 @@ class CompiledAct:
     def __init__(self, model: torch.nn.Module, mode: str, beat: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.perf_counter):
         if mode not in ("auto", "on"):
-            raise ValueError(f"CompiledAct takes mode 'auto' or 'on' (of {MODES}), not {mode!r}")
+            raise ValueError(f"CompiledAct takes mode 'auto' or 'on' (with 'off' there is nothing to install), "
+                             f"not {mode!r}")
         self.model, self.mode, self.beat, self.clock = model, mode, beat, clock
         self.eager = type(model).act.__get__(model)
         self.start_after_s = 0.0 if mode == "on" else START_AFTER_S
@@ -123,7 +122,7 @@ class CompiledAct:
     # -- stages -------------------------------------------------------------------------
     def _switch(self, obs: dict, rnn_state: torch.Tensor, deterministic: bool):
         """The worker's compile, on this call's inputs; its output is this call's."""
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache(INDUCTOR_CACHE))
+        use_inductor_cache()
         self._compiled = torch.compile(self.eager)
         self.state = "compiling"
         done = threading.Event()
