@@ -200,10 +200,11 @@ class Config:
                                 "once compiled (about half eager's step on an H200); off = never.",
                                 choices=("auto", "on", "off"))
     compile_actors: str = _opt("auto", "torch.compile each rollout worker's forward with --inference local on a CPU: "
-                               "auto = for the models the learner compiles, acting in fp32, 30 s into the run compile it in "
-                               "the background while acting eagerly, time forwards both ways and keep the faster (doom_battle's "
-                               "forward: 0.82x eager's time on an Intel Xeon, fastrl/sampling/compiled_act.py); on = compile "
-                               "at once and use it; off = never. Policy workers and GPU inference never compile.",
+                               "auto = for the models the learner compiles, acting in fp32, each worker acts eagerly for "
+                               "30 s, then compiles (a pause of seconds), times forwards both ways and keeps the faster "
+                               "(doom_battle's forward: 0.78-0.83x eager's time in runs on an Intel Xeon, "
+                               "fastrl/sampling/compiled_act.py); on = compile at the first forward and keep it; off = never. "
+                               "Policy workers and GPU inference never compile.",
                                choices=("auto", "on", "off"))
     learner_allocator: str = _opt("caching", "Where a CPU learner's large tensors (1 MB or more) come from: 'caching' keeps their "
                                   "blocks when freed and hands them to the next step (fastrl/plumbing/caching_allocator.py, "
