@@ -3,8 +3,10 @@ compiled act against eager, through weight reloads, and the choice `auto` makes
 from timed forwards (on a fake clock), failures included, and a real run's report."""
 from __future__ import annotations
 
+import queue
 import signal
 import time
+import types
 
 import gymnasium as gym
 import pytest
@@ -15,12 +17,14 @@ from fastrl.algo.model import build_model, flat_state, load_flat_state
 from fastrl.config import parse_args
 from fastrl.sampling import compiled_act as compiled_act_module
 from fastrl.sampling.compiled_act import (
+    ACT_COMPILE_KEY,
     START_AFTER_S,
     TIMED_FORWARDS,
     CompiledAct,
     actors_compile,
     describe_actor_compiles,
 )
+from fastrl.sampling.inference import LocalPolicy
 
 IMAGE = gym.spaces.Box(0, 255, (3, 36, 48), dtype="uint8")
 ACTIONS = gym.spaces.MultiDiscrete([3, 2])
@@ -207,3 +211,28 @@ def test_a_run_with_compile_actors_on_reports_every_workers_compiled_forward(tmp
     assert [(r["worker"], r["chosen"]) for r in reports] == [(0, "compiled"), (1, "compiled")]
     assert all(r["compile_s"] > 0 for r in reports)
     assert run.leftover_processes() == []
+
+
+def test_a_full_metrics_queue_keeps_the_report_for_a_later_forward():
+    # Acting never waits on the runner: a report the queue has no room for is sent
+    # with the next forward instead.
+    class FullOnce:
+        def __init__(self):
+            self.tries, self.taken = 0, []
+
+        def put_many(self, messages, block):
+            self.tries += 1
+            if self.tries == 1:
+                raise queue.Full
+            self.taken += messages
+
+    metrics = FullOnce()
+    reports = iter([{"chosen": "compiled"}, None, None])
+    policy = types.SimpleNamespace(ctx=types.SimpleNamespace(metrics_queue=metrics), worker=1, policy=0,
+                                   compiled=types.SimpleNamespace(take_report=lambda: next(reports)), _report=None)
+    LocalPolicy._send_compile_report(policy)
+    assert metrics.taken == [] and policy._report == {"chosen": "compiled"}
+    LocalPolicy._send_compile_report(policy)
+    assert metrics.taken == [{ACT_COMPILE_KEY: {"chosen": "compiled", "worker": 1, "policy": 0}}]
+    LocalPolicy._send_compile_report(policy)
+    assert metrics.tries == 2  # nothing more to send

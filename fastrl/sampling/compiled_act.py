@@ -53,10 +53,9 @@ from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, short_error, use
 # compile runs for ~15 s after it; the workers' compiles, started later, take
 # neither's cores.
 START_AFTER_S = 30.0
-# Forwards timed each way, alternating, before `auto` decides. A doom_battle
-# forward at 32 samples takes ~9 ms, so this is ~0.5 s of acting; the compiled and
-# eager medians of one worker differ by ~16%, several times their spread over 25
-# forwards on a busy 2-core machine.
+# Forwards timed each way, alternating, before `auto` decides: 50 doom_battle
+# forwards at 32 samples are ~0.5 s of a worker's time. In runs on 2 busy cores a
+# worker's compiled median came out 17-22% under its eager one.
 TIMED_FORWARDS = 25
 # The metrics message in which a rollout worker reports its choice to the runner.
 ACT_COMPILE_KEY = "actor_compile"

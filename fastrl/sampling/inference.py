@@ -80,6 +80,7 @@ class LocalPolicy(PolicyCopy):
         super().__init__(cfg, ctx, row, policy=policy)
         self.worker, self.policy = worker, policy
         self.compiled = None
+        self._report = None  # the compile's report, until the runner's queue took it
         if actors_compile(cfg.compile_actors, has_images(ctx.obs_space), cfg.use_rnn, self.device.type,
                           cfg.inference, ctx.precision.acting):
             self.compiled = CompiledAct(self.model, cfg.compile_actors, beat=row.beat)
@@ -91,11 +92,21 @@ class LocalPolicy(PolicyCopy):
         b.behaviour_logp[buf, t] = out.logp
         b.behaviour_value[buf, t] = out.values
         b.policy_version[buf, t] = self.version
-        report = self.compiled.take_report() if self.compiled is not None else None
-        if report is not None:
-            put_many_polling(self.ctx.metrics_queue,
-                             [{ACT_COMPILE_KEY: {**report, "worker": self.worker, "policy": self.policy}}], 1.0)
+        if self.compiled is not None:
+            self._send_compile_report()
         return out.rnn_state
+
+    def _send_compile_report(self) -> None:
+        if self._report is None:
+            self._report = self.compiled.take_report()
+        if self._report is None:
+            return
+        try:
+            self.ctx.metrics_queue.put_many([{ACT_COMPILE_KEY: {**self._report, "worker": self.worker,
+                                                                "policy": self.policy}}], block=False)
+            self._report = None
+        except queue.Full:
+            pass  # the runner is behind on reading: the next forward tries again, acting never waits on it
 
 
 class RemotePolicy:
