@@ -204,7 +204,6 @@ class _Window:
         chosen compiled or eager (at most COMPILE_WAIT_S), so that the window times
         what the run keeps, not a mix of both and the compile."""
         self.warmup, self.seconds, self.progress = warmup, seconds, progress
-        self.awaits_compile = awaits_compile or awaits_actors
         self.awaits_learner, self.awaits_actors = awaits_compile, awaits_actors
         self.compile_waited_s = 0.0  # the warm-up's time past --warmup spent waiting for it
         self.window_from = None
@@ -225,7 +224,7 @@ class _Window:
             self.flowing_at = elapsed
             # The run's stop condition, moved to the end of the window once it is known.
             runner.cfg.train_for_seconds = elapsed + self.warmup + self.seconds + (
-                COMPILE_WAIT_S if self.awaits_compile else 0.0)
+                COMPILE_WAIT_S if self.awaits_learner or self.awaits_actors else 0.0)
         received, version = board.get("learner", "samples_received"), board.get("learner", "learner_steps")
         took_batch, self._received = received != self._received, received
         if version != self._version and self.first is not None:
