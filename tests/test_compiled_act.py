@@ -8,13 +8,12 @@ import signal
 import time
 import types
 
-import gymnasium as gym
 import pytest
 import torch
 from helpers import TrainRun, read_summary
+from test_compiled import IMAGE, small_image_model
 
-from fastrl.algo.model import build_model, flat_state, load_flat_state
-from fastrl.config import parse_args
+from fastrl.algo.model import flat_state, load_flat_state
 from fastrl.sampling import compiled_act as compiled_act_module
 from fastrl.sampling.compiled_act import (
     ACT_COMPILE_KEY,
@@ -26,24 +25,21 @@ from fastrl.sampling.compiled_act import (
 )
 from fastrl.sampling.inference import LocalPolicy
 
-IMAGE = gym.spaces.Box(0, 255, (3, 36, 48), dtype="uint8")
-ACTIONS = gym.spaces.MultiDiscrete([3, 2])
 
-
-def small_image_actor(seed: int):
-    cfg, _ = parse_args(["--env", "doom_basic", "--use_rnn", "true", "--rnn_size", "32"])
-    torch.manual_seed(seed)
-    return build_model(cfg, IMAGE, ACTIONS, "fp32").eval()
+def small_image_actor():
+    """test_compiled's small image-and-GRU model (the same weights every call), acting."""
+    return small_image_model()[1].eval()
 
 
 def test_the_compiled_forward_gives_eager_outputs_through_new_weights():
-    eager, compiled = small_image_actor(0), small_image_actor(0)
+    eager, compiled = small_image_actor(), small_image_actor()
     act = torch.compile(compiled.act)
     gen = torch.Generator().manual_seed(1)
     obs = {"obs": torch.randint(0, 256, (8, *IMAGE.shape), dtype=torch.uint8, generator=gen)
            .contiguous(memory_format=torch.channels_last)}
     rnn = torch.randn(8, eager.rnn_state_size, generator=gen)
-    newer = flat_state(small_image_actor(2))
+    first = flat_state(eager)
+    newer = first + 0.05 * torch.randn(first.shape, generator=gen)
     for reload in (False, True):  # an actor's weights change in place (load_flat_state) as the learner publishes
         if reload:
             load_flat_state(eager, newer)
@@ -53,7 +49,7 @@ def test_the_compiled_forward_gives_eager_outputs_through_new_weights():
         torch.testing.assert_close(got.actions, want.actions)
         for name in ("logp", "values", "rnn_state"):
             torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-4, atol=1e-5, msg=name)
-    assert not torch.equal(flat_state(small_image_actor(0)), newer)  # the reload did change the weights
+    assert not torch.equal(first, newer)  # the reload did change the weights
 
 
 class FakeClock:
