@@ -41,6 +41,7 @@ def _worker(num_buffers=3, on_put=None, env_id="CartPole-v1", policies=1, envs=E
         buffers=buffers, params=params, board=StatsBoard(["rollout_0"]), stop=StopFlag(),
         free_queue=ListQueue(range(num_buffers)), traj_queues=[ListQueue(on_put=on_put) for _ in range(policies)],
         episode_queue=ListQueue(), held_buffers=HeldBuffers(1, cfg.num_splits),
+        first_handed=torch.zeros(1, dtype=torch.int8),
         precision=Precision("fp32", "fp32", "no image encoder"),
     )
     env.close()
@@ -101,6 +102,23 @@ def test_next_trajectory_starts_from_this_envs_last_row_even_if_the_buffer_is_re
         assert new != old and worker.t[0] == 0
         assert torch.equal(b.obs["obs"][new, 0], last_obs)
         assert torch.equal(b.episode_start[new, 0], last_start)
+    finally:
+        for split in worker.splits:
+            split.close()
+
+
+def test_a_worker_says_it_handed_a_trajectory_over_at_its_first_hand_off():
+    # The workers that wait to make their envs (test_start_order.py) start on this.
+    flags_at_put = []
+    worker, ctx = _worker(on_put=lambda buf: flags_at_put.append(int(ctx.first_handed[0])))
+    try:
+        assert worker._start_splits()
+        for _ in range(2 * ROLLOUT):
+            assert int(ctx.first_handed[0]) == (1 if flags_at_put else 0)
+            worker._step_group([0])
+            assert worker._advance(0, torch.zeros(ENVS, 0))
+        assert flags_at_put == [0, 1]  # said right after the first trajectory went on the queue
+        assert int(ctx.first_handed[0]) == 1
     finally:
         for split in worker.splits:
             split.close()

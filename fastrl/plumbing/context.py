@@ -46,6 +46,10 @@ class SharedContext:
     inference_epoch: torch.Tensor
     held_buffers: HeldBuffers
     learner_threads: torch.Tensor  # [1]: the learner's torch threads, which the runner's adapter may move
+    # [num_workers] int8: 1 once a rollout worker handed its first trajectory over; the
+    # workers that do not fill the first batch wait for those that do to start
+    # (sampling/rollout_worker.py, first_batch_workers).
+    first_handed: torch.Tensor
     # The image encoders' arithmetic: actors build their model in .acting, the
     # learner in .learning. Decided by the runner (--precision auto measures), so
     # that no child measures.

@@ -501,6 +501,7 @@ class Runner:
             inference_epoch=torch.zeros(1, dtype=torch.int64).share_memory_(),
             held_buffers=HeldBuffers(cfg.num_workers, cfg.num_splits),
             learner_threads=self.adapter.target,
+            first_handed=torch.zeros(cfg.num_workers, dtype=torch.int8).share_memory_(),
             precision=self.precision,
             totals=RunTotals() if self.rank.distributed else None,
             hyper=SharedHyper(cfg.num_policies, pbt.HYPERPARAMETERS) if cfg.with_pbt else None,

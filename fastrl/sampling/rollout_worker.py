@@ -28,6 +28,7 @@ from fastrl.sampling.inference import LocalPolicy, RemotePolicy
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/plumbing/polling.py)
 EPISODE_FLUSH_S = 0.5
 MATCH_START_THREADS = 8  # multi-agent games a worker starts at once
+FIRST_BATCH_POLL_S = 0.02  # how often a worker waiting to start looks at the first batch's workers
 
 
 class RolloutWorker:
@@ -54,15 +55,16 @@ class RolloutWorker:
         worker_seed = torch.initial_seed()
         seeds = [env_seed(worker_seed, i) for i in range(cfg.num_splits * n)]
         # The engines are made as many at once as this worker's share of the cores
-        # (after pinning, when --pin_workers put it on one),
-        # which fills the cores and no more. Measured with benchmarks/startup.py
-        # (doom_battle, 2 cores, quiet, warm cache): 1 worker x 32 envs, 2 at once,
-        # 8.5 s to the first trained batch against 10.9 s one after another; but 2
-        # workers x 32 envs with 8 at once each took 23.1 s against 20.0 s (cold
-        # cache): two workers already keep both cores busy, and made all at once
-        # they then fill their first trajectories side by side, where otherwise
-        # the first one done fills the first batch alone.
-        threads = max(1, usable_cores() // cfg.num_workers)
+        # (after pinning, when --pin_workers put it on one), which fills the cores and no
+        # more: while the workers that fill the first batch make theirs, the others wait
+        # (rollout_worker_main), so those few share the cores; the rest then share them
+        # with everyone. Measured with benchmarks/startup.py (doom_battle, warm cache):
+        # on an AMD EPYC's 2 cores, 1 worker x 32 envs 2 at once took 8.5 s to the first
+        # trained batch against 10.9 s one after another, and 2 x 32 with 8 at once each
+        # 23.1 s against 20.0 s (cold cache); on an Intel Xeon's 2 cores, 2 x 32 with
+        # both workers starting side by side 10.2 s, worker 0 first on both cores 7.7 s.
+        leading = first_batch_workers(cfg)
+        threads = max(1, usable_cores() // (leading if index < leading else cfg.num_workers))
         agents = cfg.agents_per_game
         if agents > 1:
             # A game's start is mostly its players' network handshake, waiting: 8 games
@@ -82,6 +84,7 @@ class RolloutWorker:
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into
         self.t = [0] * cfg.num_splits  # step within it
         self._last_flush = time.time()
+        self._handed_first = False  # whether this worker said it handed a trajectory over (ctx.first_handed)
         # The count a predecessor in this slot left on the board: a restarted worker
         # adds its envs' restarts to it instead of setting the total back to 0.
         self._env_restarts_before = self.row.get("env_restarts")
@@ -120,6 +123,9 @@ class RolloutWorker:
             carry_start = b.episode_start[old, self.T].clone()
             self.ctx.held_buffers.set(self.index, s, -1)
             put_many_polling(self.ctx.traj_queues[self.cfg.policy_of_split(s)], [old], 10.0)
+            if not self._handed_first:
+                self.ctx.first_handed[self.index] = 1  # the workers waiting to start may go
+                self._handed_first = True
         new = self._take_free_buffer()
         if new is None:
             return False
@@ -234,9 +240,39 @@ class RolloutWorker:
             self._flush_episodes()
 
 
+def first_batch_workers(cfg) -> int:
+    """How many rollout workers, the lowest-numbered, fill the learner's first batch
+    with their first trajectories (one per split). The others make their envs only
+    once these handed a trajectory over: envs that start side by side share the
+    cores, and all of them would be ready at once, late, where the first batch needs
+    only some. Every worker where one worker's trajectories do not all go to one
+    learner: several policies, or games of several agents."""
+    if cfg.num_policies > 1 or cfg.agents_per_game > 1:
+        return cfg.num_workers
+    return min(cfg.num_workers, -(-cfg.buffers_per_batch // cfg.num_splits))
+
+
+def wait_for_first_batch_workers(cfg, index: int, ctx: SharedContext) -> bool:
+    """Wait, beating, until each worker that fills the first batch has handed a
+    trajectory over (at once for those workers themselves, and for a worker restarted
+    later). False when the run stopped meanwhile."""
+    leading = first_batch_workers(cfg)
+    if index < leading:
+        return True
+    row = ctx.board.row(f"rollout_{index}")
+    while not bool(ctx.first_handed[:leading].all()):
+        if ctx.stop.is_set():
+            return False
+        row.beat()
+        time.sleep(FIRST_BATCH_POLL_S)
+    mark(f"rollout-worker {index}: first batch's workers started")
+    return True
+
+
 def rollout_worker_main(cfg, index: int, ctx: SharedContext) -> None:
     # Before the envs are made: their engines inherit the policy, niceness and core.
     use_batch_scheduling(cfg.worker_nice)
     if cfg.pin_workers:
         pin_to_core(index)
-    RolloutWorker(cfg, index, ctx).run()
+    if wait_for_first_batch_workers(cfg, index, ctx):
+        RolloutWorker(cfg, index, ctx).run()
