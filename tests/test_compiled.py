@@ -20,7 +20,7 @@ from test_gradient_step import OBS, _batch, _on_policy
 from fastrl.algo.model import ActorCritic, build_model
 from fastrl.config import Config, parse_args
 from fastrl.learning import compiled as compiled_module
-from fastrl.learning.compiled import COMPILE_STARTED_LINE, TIMED_STEPS, CompiledEvaluate, describe_compile
+from fastrl.learning.compiled import COMPILE_STARTED_LINES, TIMED_STEPS, CompiledEvaluate, describe_compile
 from fastrl.learning.learner import _time_limits, gradient_step, trajectory_loss
 from fastrl.tuning.profiling import _fake_minibatch
 
@@ -81,7 +81,7 @@ def drive(chooser, mb, step_seconds, steps=4 * TIMED_STEPS + 8):
     taken = {"eager": 0, "compiled": 0}
     for _ in range(steps):
         chooser.before_step(mb)
-        if chooser.state == "warming":
+        if chooser.state == "warming" and chooser._warm is not None:
             chooser._warm.join(timeout=60)
         which = chooser._current
         seconds = step_seconds[which]
@@ -170,7 +170,7 @@ def test_the_background_compile_starts_after_the_first_step_not_beside_it(no_rea
     assert torch.equal(taken, given) and taken.data_ptr() != given.data_ptr()  # a copy: the batch may go
     chooser.after_step(1.0)
     assert chooser.state == "warming"
-    assert chooser.take_started() and not chooser.take_started()  # said once, for the run's notice
+    assert chooser.take_started() == "background" and not chooser.take_started()  # said once, for the run's notice
     chooser._warm.join(timeout=60)
     assert chooser._warm_error is None
     assert chooser._inputs is None  # handed to the compile, not kept
@@ -393,8 +393,140 @@ def test_a_run_with_the_compiled_step_says_so_and_records_it(tmp_path, monkeypat
     # The slower steps while it compiled were announced, once, before the choice.
     said = [line for line in run.lines
             if line.startswith(("fastrl: compiling the learner's", "fastrl: the learner's step"))]
-    assert said[0] == f"fastrl: {COMPILE_STARTED_LINE}" and len(said) == 2, run.output()
+    assert said[0] == f"fastrl: {COMPILE_STARTED_LINES['background']}" and len(said) == 2, run.output()
     first_batch = next(i for i, line in enumerate(run.lines) if line.startswith("fastrl: first batch trained"))
     assert first_batch < run.lines.index(said[0]), run.output()  # the compile begins after the first step
     assert run.leftover_processes() == []
     assert os.listdir(cache / "fastrl" / "inductor")  # what it compiled outlives a reboot
+    # The next run of the setup finds it marked in the cache: the learner compiles
+    # in place, from the cache, with no process of its own.
+    again = TrainRun(["--env", "CartPole-v1", "--use_rnn", "true", "--rnn_size", "16", "--rollout", "8",
+                      "--compile_learner", "on", "--train_for_seconds", "120", "--train_dir", str(tmp_path / "again"),
+                      "--status_every_seconds", "10"], env={"XDG_CACHE_HOME": str(cache)})
+    try:
+        again.wait_for_line(lambda line: "the learner's step runs compiled" in line, timeout=100)
+        titles = set(again.titles.values())
+        again.signal_group(signal.SIGINT)
+        assert again.wait(timeout=60) == 128 + signal.SIGINT, again.output()
+    finally:
+        again.kill_all()
+    said = [line for line in again.lines
+            if line.startswith(("fastrl: compiling the learner's", "fastrl: the learner's step"))]
+    assert said[0] == f"fastrl: {COMPILE_STARTED_LINES['in_place']}", again.output()
+    assert "compiled from inductor's cache in" in said[1], again.output()
+    report = read_summary(tmp_path / "again", "CartPole-v1")["learner_compile"]
+    assert report["in_place"] and report["background_compile_s"] == 0 and report["chosen"] == "compiled"
+    assert not any("warm_compile" in title for title in titles)
+
+
+def marked_setup(monkeypatch, tmp_path):
+    """A learner's model and minibatch, a setup key, and its own inductor cache and marks."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _, model, mb = small_image_model()
+    return model, mb, "setup-of-this-test"
+
+
+def test_a_compile_done_once_is_marked_and_the_next_compiles_in_place_from_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(compiled_module.torch, "compile", lambda fn: fn)
+    children = []
+
+    def child_fills_the_cache(*args):
+        children.append(1)
+        os.makedirs(tmp_path / "inductor", exist_ok=True)
+
+    monkeypatch.setattr(compiled_module, "compile_in_child", child_fills_the_cache)
+    model, mb, key = marked_setup(monkeypatch, tmp_path)
+    first = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True, setup_key=key)
+    report = drive(first, mb, {"eager": 1.0, "compiled": 0.8})
+    assert children == [1] and not report["in_place"]
+    assert "compiled in the background" in describe_compile(report)
+    # The next run of the setup: no process, the compile at the step after the first.
+    beats = []
+    second = CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True, setup_key=key,
+                              beat=lambda: beats.append(1))
+    second.before_step(mb)
+    second.after_step(1.0)
+    assert second.state == "warming" and second._warm is None and second.take_started() == "in_place"
+    second.before_step(mb)
+    assert second.state == "timing" and second._current == "compiled"
+    report = drive(second, mb, {"eager": 1.0, "compiled": 0.8})
+    assert children == [1] and report["chosen"] == "compiled" and report["in_place"]
+    assert report["background_compile_s"] == 0
+    assert describe_compile(report).endswith(f"compiled from inductor's cache in {report['switch_s']:.1f} s")
+
+
+def test_another_shape_thread_count_or_loss_is_not_marked(monkeypatch, tmp_path):
+    from fastrl.plumbing.compiling import cache_holds, cache_mark, set_cache_mark
+
+    model, mb, key = marked_setup(monkeypatch, tmp_path)
+    inputs = {k: mb[k] for k in compiled_module.EVALUATE_INPUTS}
+    mark = cache_mark(key, inputs, threads=1, uniform_kl=False)
+    assert not cache_holds(mark)
+    set_cache_mark(mark, True)
+    os.makedirs(tmp_path / "inductor")
+    assert cache_holds(mark) and cache_holds(cache_mark(key, dict(inputs), threads=1, uniform_kl=False))
+    wider = dict(inputs, actions=torch.cat([inputs["actions"]] * 2, dim=1))
+    for other in (cache_mark("another setup", inputs, threads=1, uniform_kl=False),
+                  cache_mark(key, wider, threads=1, uniform_kl=False),
+                  cache_mark(key, inputs, threads=2, uniform_kl=False),
+                  cache_mark(key, inputs, threads=1, uniform_kl=True)):
+        assert not cache_holds(other)
+    assert cache_mark("", inputs, threads=1) is None and not cache_holds(None)  # no key: never marked
+    os.rmdir(tmp_path / "inductor")  # the cache itself gone (emptied by hand): compile in the background again
+    assert not cache_holds(mark)
+    set_cache_mark(mark, False)
+    assert not os.path.exists(mark)
+
+
+def test_a_failed_compile_leaves_no_mark_and_a_failed_in_place_call_removes_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(compiled_module.torch, "compile", lambda fn: fn)
+    monkeypatch.setattr(compiled_module, "compile_in_child", lambda *args: "CppCompileError: no compiler")
+    model, mb, key = marked_setup(monkeypatch, tmp_path)
+    chooser = CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False, setup_key=key)
+    report = drive(chooser, mb, {"eager": 1.0, "compiled": 0.5})
+    assert report["chosen"] == "eager" and not os.path.exists(chooser._mark)
+    # Marked, but the learner's own compile fails (a cache emptied beneath it, say):
+    # that step runs eagerly, the run stays eager, and the mark goes.
+    from fastrl.plumbing.compiling import set_cache_mark
+    set_cache_mark(chooser._mark, True)
+    os.makedirs(tmp_path / "inductor")
+
+    def failing(fn):
+        def call(*args, **kwargs):
+            raise RuntimeError("inductor fell over")
+        return call
+
+    monkeypatch.setattr(compiled_module.torch, "compile", failing)
+    again = CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False, setup_key=key)
+    again.before_step(mb)
+    again.after_step(1.0)
+    again.before_step(mb)
+    assert again._warm is None and again.state == "timing"  # it compiles in place
+    out = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])  # the first compiled call
+    assert out.values.shape[1:] == mb["rewards"].shape[1:]  # answered all the same, eagerly
+    report = again.take_report()
+    assert report["chosen"] == "eager" and "inductor fell over" in report["why"] and again.state == "eager"
+    assert not os.path.exists(again._mark)
+
+
+def test_the_learners_own_compile_keeps_its_heartbeat(monkeypatch, tmp_path):
+    from fastrl.plumbing.compiling import BEAT_EVERY_S
+
+    def slow_compile(fn):
+        def call(*args, **kwargs):
+            time.sleep(2.5 * BEAT_EVERY_S)  # a compile longer than two beats
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(compiled_module.torch, "compile", slow_compile)
+    monkeypatch.setattr(compiled_module, "compile_in_child", lambda *args: None)
+    _, model, mb = small_image_model()
+    beats = []
+    chooser = CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False, beat=lambda: beats.append(1))
+    chooser.before_step(mb)
+    chooser.after_step(1.0)
+    chooser._warm.join(timeout=60)
+    chooser.before_step(mb)  # the switch
+    model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"])  # the first compiled call
+    assert len(beats) == 2

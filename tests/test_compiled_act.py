@@ -14,6 +14,7 @@ from helpers import TrainRun, read_summary
 from test_compiled import IMAGE, small_image_model
 
 from fastrl.algo.model import flat_state, load_flat_state
+from fastrl.plumbing.compiling import BEAT_EVERY_S
 from fastrl.sampling import compiled_act as compiled_act_module
 from fastrl.sampling.compiled_act import (
     ACT_COMPILE_KEY,
@@ -139,7 +140,7 @@ def test_the_compile_keeps_the_worker_beating(monkeypatch, tmp_path):
 
     def slow_compile(fn):
         def call(*args, **kwargs):
-            time.sleep(2.5 * compiled_act_module.BEAT_EVERY_S)  # a compile longer than two beats
+            time.sleep(2.5 * BEAT_EVERY_S)  # a compile longer than two beats
             return fn(*args, **kwargs)
         return call
 

@@ -582,21 +582,24 @@ def test_the_ratios_runs_measured_are_kept_for_the_next_runs_choice(tmp_path, mo
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     setup = cfg(use_rnn=True, device="cpu")
-    assert compiled_costs.remembered_measurements(setup, "fp32") == []
+    assert compiled_costs.memory(setup, "fp32").prior == ()
     reports = [("compiled", 0.85, 0.85), ("eager", 1.03, 1.03), ("compiled", 0.8, 0.825),
                ("compiled", 0.9, 0.85), ("compiled", 1.02, 0.875)]
     for chosen, ratio, judged in reports:
         compiled_costs.remember(setup, "fp32", {"chosen": chosen, "ratio": ratio, "judged_ratio": judged,
                                                 "compiled_step_s": ratio, "eager_step_s": 1.0})
-    assert compiled_costs.remembered_measurements(setup, "fp32") == [r for _, r, _ in reports][-PRIOR_RUNS:]
+    assert list(compiled_costs.memory(setup, "fp32").prior) == [r for _, r, _ in reports][-PRIOR_RUNS:]
     assert compiled_costs.remembered_ratio(setup, "fp32", images=True) == 0.875
-    assert compiled_costs.remembered_measurements(setup, "bf16") == []  # another arithmetic: its own
+    assert compiled_costs.memory(setup, "bf16").prior == ()  # another arithmetic: its own
+    # Each setup and arithmetic names its own marks of what inductor's cache holds.
+    assert len({compiled_costs.memory(setup, "fp32").setup_key, compiled_costs.memory(setup, "bf16").setup_key,
+                compiled_costs.memory(cfg(use_rnn=True, device="cpu", batch_size=512), "fp32").setup_key}) == 3
     # `on` times no eager step: nothing to keep. A failed compile: the plan goes eager, the timings stay.
     compiled_costs.remember(setup, "fp32", {"chosen": "compiled", "ratio": None, "compiled_step_s": 0.5})
     compiled_costs.remember(setup, "fp32", {"chosen": "eager", "why": "compiling failed", "eager_step_s": None,
                                             "compiled_step_s": None, "ratio": None})
     assert compiled_costs.remembered_ratio(setup, "fp32", images=True) == 1.0
-    assert len(compiled_costs.remembered_measurements(setup, "fp32")) == PRIOR_RUNS
+    assert len(compiled_costs.memory(setup, "fp32").prior) == PRIOR_RUNS
 
 
 def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
@@ -674,4 +677,5 @@ def test_the_runner_hands_its_learner_what_earlier_runs_of_the_setup_measured(tm
     monkeypatch.setattr(run, "_spawn", lambda name, target, *args, **kwargs: spawned.append((target, args)))
     run.start()
     (learner_args,) = [args for target, args in spawned if target is learner_main]
-    assert learner_args[-1] == [0.8, 1.02]
+    assert learner_args[-1] == compiled_costs.memory(run.cfg, run.precision.learning)
+    assert learner_args[-1].prior == (0.8, 1.02) and learner_args[-1].setup_key

@@ -17,10 +17,15 @@ So no run waits for it:
    (compile_in_child; a thread of the learner waits for it). Not during the first
    step: beside the compile (then a thread of the learner's own) doom_battle's
    first step took 2.5-4.5 s where it takes 1.1 s alone (benchmarks/startup.py, 2
-   workers x 16 envs, warm caches, AMD EPYC: first trained batch 9.8 -> 8.6 s);
+   workers x 16 envs, warm caches, AMD EPYC: first trained batch 9.8 -> 8.6 s).
+   Skipped where an earlier run marked this very compile done
+   (plumbing/compiling.py, cache_mark): that process only traces what the learner
+   traces next, and beside the learner's steps it costs them most. doom_battle
+   (2 x 32, Intel Xeon, 2 cores, warm cache) trained ~400 samples/s for the 14 s
+   it ran, where the learner trains ~1,150 eager alone;
 2. then, between two steps, the learner compiles its own model's evaluate, which
-   finds everything cached (the pause: seconds), and times its next real steps
-   compiled and eager in turn;
+   finds everything cached (the pause: seconds, a thread keeping its heartbeat),
+   and times its next real steps compiled and eager in turn;
 3. with `auto` it keeps the faster (compiled only below MAX_RATIO of eager's
    time, judged with the ratios earlier runs of the setup measured on the
    machine, PRIOR_RUNS), with `on` the compiled one. Any error (no C++ compiler, an op inductor
@@ -40,21 +45,35 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, short_error, use_inductor_cache
+from fastrl.plumbing.compiling import (
+    MAX_RATIO,
+    auto_compiles,
+    beating,
+    cache_holds,
+    cache_mark,
+    set_cache_mark,
+    short_error,
+    use_inductor_cache,
+)
 
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
-# The metrics message that says the background compile has begun (COMPILE_STARTED_LINE).
+# The metrics message that says the compile has begun; its value, how (a key of
+# COMPILE_STARTED_LINES).
 COMPILE_STARTED_KEY = "learner_compile_started"
 # What a run prints then: the rate it shows until the choice is made is not its own.
-COMPILE_STARTED_LINE = ("compiling the learner's step in the background; until it is done the run trains "
-                        "eagerly, slower beside the compile (seconds once inductor's cache holds this setup, "
-                        "minutes the first time on a machine)")
+COMPILE_STARTED_LINES = {
+    "background": ("compiling the learner's step in the background; until it is done the run trains eagerly, "
+                   "slower beside the compile (seconds once inductor's cache holds this setup, minutes the first "
+                   "time on a machine)"),
+    "in_place": ("compiling the learner's step from inductor's cache, which an earlier run of this setup filled: "
+                 "the learner pauses for seconds"),
+}
 # Real steps timed each way before `auto` decides, alternating. On 2 busy cores a
 # step's time varies by 10-20% with what the actors do beside it: with 3 a side,
 # one doom_battle run kept eager at 1.11x where the next four measured the
@@ -76,6 +95,14 @@ CLOSE_CALL = 0.05
 # load) is judged so from the third run that says it.
 PRIOR_RUNS = 4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
+
+
+class CompileMemory(NamedTuple):
+    """What earlier runs of a setup on this machine left the learner's compile
+    (fastrl.tuning.compiled_costs): the compiled step's time over eager's that they
+    measured, oldest first, and the key naming the setup (cache_mark's)."""
+    prior: Tuple[float, ...] = ()
+    setup_key: str = ""
 
 
 def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bool:
@@ -118,18 +145,23 @@ class CompiledEvaluate:
     dict for the run's summary) when it has been made."""
 
     def __init__(self, model: torch.nn.Module, mode: str, uniform_kl: bool, auto_compiles: bool,
-                 prior: Sequence[float] = ()):
+                 prior: Sequence[float] = (), setup_key: str = "", beat: Callable[[], None] = lambda: None):
         """uniform_kl: what the loss passes evaluate. auto_compiles: whether `auto`
         tries the compile (the function of that name). prior: the compiled step's
         time over eager's that earlier runs of this setup on this machine measured,
-        oldest first (the last PRIOR_RUNS weigh in `auto`'s choice)."""
+        oldest first (the last PRIOR_RUNS weigh in `auto`'s choice). setup_key: names
+        the setup for the mark of a compile done (CompileMemory); without one every
+        compile runs in the background first. beat: marks the learner alive while
+        its own compile blocks it."""
         if mode not in MODES:
             raise ValueError(f"compile mode must be one of {MODES}, not {mode!r}")
         self.model, self.mode, self.uniform_kl = model, mode, uniform_kl
         self.prior = list(prior)[-PRIOR_RUNS:]
+        self.setup_key, self.beat = setup_key, beat
+        self._mark: Optional[str] = None  # cache_mark of this compile, once its inputs are known
         self.state = "eager" if mode == "off" or (mode == "auto" and not auto_compiles) else "start"
         self._report: Optional[dict] = None  # made by _finish, until take_report hands it over
-        self._started = False  # the compile thread began, until take_started says so
+        self._started: Optional[str] = None  # how the compile began, until take_started says so
         self._warm: Optional[threading.Thread] = None
         self._warm_s = 0.0
         self._warm_error: Optional[str] = None
@@ -144,7 +176,7 @@ class CompiledEvaluate:
     def before_step(self, mb: dict) -> None:
         if self.state == "start":
             self._take_inputs(mb)
-        elif self.state == "warming" and not self._warm.is_alive():
+        elif self.state == "warming" and (self._warm is None or not self._warm.is_alive()):
             self._switch()
         elif self.state == "timing" and self.mode == "auto":
             self._use("eager" if self._current == "compiled" else "compiled")
@@ -179,9 +211,10 @@ class CompiledEvaluate:
         report, self._report = self._report, None
         return report
 
-    def take_started(self) -> bool:
-        """True once, after the step that started the background compile."""
-        started, self._started = self._started, False
+    def take_started(self) -> Optional[str]:
+        """Once, after the step that started the compile: how ("background" or
+        "in_place", COMPILE_STARTED_LINES); None before and after."""
+        started, self._started = self._started, None
         return started
 
     # -- stages -------------------------------------------------------------------------
@@ -193,20 +226,26 @@ class CompiledEvaluate:
 
     def _start_warm(self) -> None:
         use_inductor_cache()
-        replica = copy.deepcopy(self.model)
         inputs, self._inputs = self._inputs, None
         # The count is read here: a thread torch did not start may see its own default.
-        self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs, torch.get_num_threads()),
-                                      name="fastrl: learner compile", daemon=True)
+        threads = torch.get_num_threads()
+        self._mark = cache_mark(self.setup_key, inputs, threads=threads, uniform_kl=self.uniform_kl)
         self.state = "warming"
+        if cache_holds(self._mark):
+            self._started = "in_place"  # before_step compiles at the next step
+            return
+        replica = copy.deepcopy(self.model)
+        self._warm = threading.Thread(target=self._compile_replica, args=(replica, inputs, threads),
+                                      name="fastrl: learner compile", daemon=True)
         self._warm.start()
-        self._started = True
+        self._started = "background"
 
     def _compile_replica(self, replica: torch.nn.Module, inputs: dict, threads: int) -> None:
         """Thread: wait for the process that compiles the replica (compile_in_child)."""
         start = time.perf_counter()
         try:
             self._warm_error = compile_in_child(replica, inputs, self.uniform_kl, threads)
+            set_cache_mark(self._mark, self._warm_error is None)
         except Exception as err:  # noqa: BLE001 - a model that does not pickle, no process to start: stay eager
             self._warm_error = short_error(err)
         self._warm_s = time.perf_counter() - start
@@ -219,12 +258,17 @@ class CompiledEvaluate:
         compiled = torch.compile(eager)
 
         def guarded(*args, **kwargs):
-            # The replica's compile ran forward and backward on these very shapes, so
-            # this should not fail; if it does, the step and the rest go eager.
+            # The replica's compile (or an earlier run's) ran forward and backward on
+            # these very shapes, so this should not fail; if it does, the step and the
+            # rest go eager, and the next run compiles in the background again.
             start = time.perf_counter()
             try:
+                if self._untimed:  # the learner's own compile: seconds from the cache, a heartbeat kept
+                    with beating(self.beat):
+                        return compiled(*args, **kwargs)
                 return compiled(*args, **kwargs)
             except Exception as err:  # noqa: BLE001
+                set_cache_mark(self._mark, False)
                 self._finish("eager", f"the learner's compiled call failed ({short_error(err)})")
                 return eager(*args, **kwargs)
             finally:
@@ -264,7 +308,8 @@ class CompiledEvaluate:
         self._report = {"chosen": chosen, "why": why, "eager_step_s": eager, "compiled_step_s": compiled,
                         "ratio": compiled / eager if eager and compiled else None, "judged_ratio": judged,
                         "prior_runs": len(self.prior) if judged is not None else 0,  # `on` and a failure judge nothing
-                        "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2)}
+                        "background_compile_s": round(self._warm_s, 2), "switch_s": round(self._switch_s, 2),
+                        "in_place": self._warm is None and self._mark is not None}
 
 
 def describe_compile(report: dict) -> str:
@@ -280,5 +325,7 @@ def describe_compile(report: dict) -> str:
             timed += (f"; judged {report['judged_ratio']:.2f}x, the median with the {runs} earlier "
                       f"run{'s' if runs > 1 else ''} of this setup on this machine")
         timed += ")"
+    if report.get("in_place"):
+        return f"{head}, {report['why']}: {timed}; compiled from inductor's cache in {report['switch_s']:.1f} s"
     return (f"{head}, {report['why']}: {timed}; compiled in the background in {report['background_compile_s']:.1f} s, "
             f"then {report['switch_s']:.1f} s for the learner's first compiled call")

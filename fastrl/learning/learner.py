@@ -18,7 +18,7 @@ import dataclasses
 import math
 import queue
 import time
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate
+from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate, CompileMemory
 from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
 from fastrl.plumbing.compiling import auto_compiles
@@ -56,11 +56,11 @@ class NonFiniteLossError(RuntimeError):
 class Learner:
     """The learner of policy `policy`. `rank` and `shared_options` (the options every
     rank must share, as the runner names them) matter in a multi-rank run only.
-    `compile_prior`: what earlier runs measured of the compiled step (CompiledEvaluate's prior)."""
+    `compile_memory`: what earlier runs of the setup left its compile (CompileMemory)."""
 
     def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int,
                  rank: Rank = SOLO, shared_options: Optional[dict] = None, policy: int = 0,
-                 compile_prior: Sequence[float] = ()):
+                 compile_memory: Optional[CompileMemory] = None):
         self.cfg, self.ctx, self.rank, self.policy = cfg, ctx, rank, policy
         self.params = ctx.params[policy]
         self.device = torch.device(device)
@@ -82,9 +82,10 @@ class Learner:
         self.clock = DeviceClock.for_device(self.device, self.row)  # the GPU's time for its steps and uploads
         self.stager = BatchStager.for_device(self.device, self.clock)
         self.optimizer = FusedAdam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        memory = compile_memory or CompileMemory()
         self.compiled = CompiledEvaluate(self.model, cfg.compile_learner, cfg.exploration_loss == "symmetric_kl",
                                          auto_compiles(has_images(ctx.obs_space), cfg.use_rnn, self.device.type),
-                                         compile_prior)
+                                         memory.prior, memory.setup_key, beat=self.row.beat)
         self.version = self.params.version
         self._hyper_epoch = 0  # the last change of hyperparameters taken (fastrl.plumbing.hyper)
         self.samples_trained = 0
@@ -270,8 +271,9 @@ class Learner:
         """The compile's start and its choice, once each, after the batch that brought
         them is counted: the run says its first batch before the compile began."""
         news = []
-        if self.compiled.take_started():
-            news.append({COMPILE_STARTED_KEY: True})
+        started = self.compiled.take_started()
+        if started:
+            news.append({COMPILE_STARTED_KEY: started})
         report = self.compiled.take_report()
         if report is not None:
             news.append({COMPILE_KEY: report})
@@ -585,7 +587,7 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
 
 def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int, rank: Rank = SOLO,
                  shared_options: Optional[dict] = None, policy: int = 0, device_params: Optional[list] = None,
-                 compile_prior: Sequence[float] = ()) -> None:
+                 compile_memory: Optional[CompileMemory] = None) -> None:
     """`device_params`: on a GPU run, each policy's weights on the GPU (plumbing.params)."""
     with device_copies(ctx.params, device_params):
-        Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy, compile_prior).run()
+        Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy, compile_memory).run()

@@ -1,13 +1,20 @@
 """What both compiled parts of the model share (the learner's step,
 fastrl/learning/compiled.py, and a rollout worker's forward,
 fastrl/sampling/compiled_act.py): which models `auto` compiles, the bar a
-compiled call must clear, where inductor's cache lives, and how a failure is
+compiled call must clear, where inductor's cache lives and what it is known to
+hold, the heartbeat kept while a compile blocks a process, and how a failure is
 reported."""
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import threading
+import time
+from typing import Callable, Optional
 
-from fastrl.plumbing.files import user_cache
+from fastrl.plumbing.files import user_cache, write_json
 
 
 # `auto` compiles only image models with a GRU core, on a CPU. With a GRU the
@@ -44,6 +51,77 @@ INDUCTOR_CACHE = "inductor"
 def use_inductor_cache() -> None:
     """Point inductor at fastrl's cache folder, unless the user named one."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache(INDUCTOR_CACHE))
+
+
+# Files that each say inductor's cache holds one compile. Inductor can only tell by
+# tracing the function again, the slow half of a warm compile; a run that knows
+# beforehand can skip what guards against a cold one (the learner's compile in a
+# process of its own: fastrl/learning/compiled.py).
+CACHE_MARKS = "inductor_marks"
+
+
+def cache_mark(setup_key: str, inputs: dict, **what) -> Optional[str]:
+    """The mark file of a compile: of the setup `setup_key` names (machine, torch,
+    fastrl's code, the model and its options: fastrl.tuning.compiled_costs), called on
+    tensors shaped, strided and typed as `inputs`' (a dict of tensors or of dicts of
+    them), with `what` (thread count, flags) as well, into the inductor cache in use.
+    None without a setup key."""
+    if not setup_key:
+        return None
+    use_inductor_cache()
+    key = json.dumps({"setup": setup_key, "inputs": _signature(inputs), "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"],
+                      **what}, sort_keys=True)
+    return os.path.join(user_cache(CACHE_MARKS), hashlib.sha1(key.encode()).hexdigest()[:20] + ".json")
+
+
+def _signature(value):
+    if isinstance(value, dict):
+        return {k: _signature(v) for k, v in value.items()}
+    return [list(value.shape), list(value.stride()), str(value.dtype)]
+
+
+def cache_holds(mark: Optional[str]) -> bool:
+    """Whether a run marked this compile done (and inductor's cache folder is there)."""
+    return bool(mark) and os.path.isfile(mark) and os.path.isdir(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+
+
+def set_cache_mark(mark: Optional[str], held: bool) -> None:
+    """Say that inductor's cache holds the compile `mark` names, or no longer does.
+    A mark that cannot be written is only a slower next start."""
+    if not mark:
+        return
+    try:
+        if held:
+            os.makedirs(os.path.dirname(mark), exist_ok=True)
+            write_json(mark, {"marked_at": time.time()})
+        else:
+            os.remove(mark)
+    except OSError:
+        pass
+
+
+# How often a thread marks a process alive while its own compile blocks it.
+BEAT_EVERY_S = 1.0
+
+
+@contextlib.contextmanager
+def beating(beat: Callable[[], None]):
+    """Call `beat` every BEAT_EVERY_S from a thread while the block runs: a compile
+    blocks its process's loop, and the supervisor restarts a child silent for its
+    heartbeat timeout (seconds warm, but minutes cold)."""
+    done = threading.Event()
+
+    def beat_until_done():
+        while not done.wait(BEAT_EVERY_S):
+            beat()
+
+    thread = threading.Thread(target=beat_until_done, name="fastrl: beat while compiling", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def short_error(err: BaseException) -> str:

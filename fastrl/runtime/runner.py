@@ -57,7 +57,7 @@ from fastrl.learning.checkpoint import (
     checkpoint_dir,
     load_latest_checkpoint,
 )
-from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_STARTED_LINE, describe_compile
+from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_STARTED_LINES, describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, learner_main
@@ -547,10 +547,10 @@ class Runner:
     def start(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         if self.learn:
-            prior = compiled_costs.remembered_measurements(cfg, self.precision.learning)
+            memory = compiled_costs.memory(cfg, self.precision.learning)
             for k in range(cfg.num_policies):
                 self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, self.resume_paths[k],
-                            self.frames_offset, self.rank, shared_options(cfg), k, self.device_params(), prior,
+                            self.frames_offset, self.rank, shared_options(cfg), k, self.device_params(), memory,
                             threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)
@@ -678,7 +678,7 @@ class Runner:
                     self.say(f"the learner's caching allocator is off: {m[ALLOCATOR_KEY]}; it uses torch's own, "
                              "slower here (pass --learner_allocator system to skip the attempt)")
                 if COMPILE_STARTED_KEY in m:
-                    self.say(COMPILE_STARTED_LINE)
+                    self.say(COMPILE_STARTED_LINES[m[COMPILE_STARTED_KEY]])
                 if COMPILE_KEY in m:
                     self.say(describe_compile(m[COMPILE_KEY]))
                     if self.rank.main:

@@ -40,13 +40,12 @@ cache warm.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from typing import Callable, Optional
 
 import torch
 
-from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, short_error, use_inductor_cache
+from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, beating, short_error, use_inductor_cache
 
 # Seconds of acting before the compile starts (with `auto`; `on` starts at once).
 # doom_battle's first batch comes ~10 s after launch on 2 cores and the learner's
@@ -59,8 +58,6 @@ START_AFTER_S = 30.0
 TIMED_FORWARDS = 25
 # The metrics message in which a rollout worker reports its choice to the runner.
 ACT_COMPILE_KEY = "actor_compile"
-# How often the beating thread marks the worker alive while its own compile blocks it.
-BEAT_EVERY_S = 1.0
 
 
 def actors_compile(mode: str, images: bool, use_rnn: bool, device_type: str, inference: str,
@@ -82,9 +79,9 @@ class CompiledAct:
     """Stands in for `model.act` (installed on the instance) and switches it between
     eager and compiled as the module's docstring says.
 
-    beat: called every BEAT_EVERY_S while the worker's own compile blocks it (the
-    supervisor restarts a worker silent for --worker_timeout_seconds). clock: the
-    time source (tests drive it)."""
+    beat: called every BEAT_EVERY_S (plumbing/compiling.py) while the worker's own
+    compile blocks it (the supervisor restarts a worker silent for
+    --worker_timeout_seconds). clock: the time source (tests drive it)."""
 
     def __init__(self, model: torch.nn.Module, mode: str, beat: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.perf_counter):
@@ -125,16 +122,9 @@ class CompiledAct:
         use_inductor_cache()
         self._compiled = torch.compile(self.eager)
         self.state = "compiling"
-        done = threading.Event()
-        beating = threading.Thread(target=self._beat_until, args=(done,), name="fastrl: beat while compiling",
-                                   daemon=True)
-        beating.start()
         start = self.clock()
-        try:
+        with beating(self.beat):
             out = self._call_compiled(obs, rnn_state, deterministic)
-        finally:
-            done.set()
-            beating.join()
         self._compile_s = self.clock() - start
         if self.state == "eager":  # the compiled call failed (_call_compiled finished eager)
             return out
@@ -143,10 +133,6 @@ class CompiledAct:
         else:
             self.state = "timing"
         return out
-
-    def _beat_until(self, done: threading.Event) -> None:
-        while not done.wait(BEAT_EVERY_S):
-            self.beat()
 
     def _call_compiled(self, obs: dict, rnn_state: torch.Tensor, deterministic: bool):
         try:

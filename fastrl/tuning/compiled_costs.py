@@ -20,12 +20,13 @@ costs and judges on its own timing alone, as before.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import List, Optional
 
 import torch
 
 from fastrl.algo.model import resolve_device
-from fastrl.learning.compiled import PRIOR_RUNS, will_compile
+from fastrl.learning.compiled import PRIOR_RUNS, CompileMemory, will_compile
 from fastrl.tuning.profiling import MODEL_OPTIONS, cache_path, read_cache, write_cache
 
 # Everything that shapes the learner's step: the model, the observations (env and
@@ -67,10 +68,14 @@ def _measured(kept: dict) -> List[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and v > 0]
 
 
-def remembered_measurements(cfg, learning_precision: str) -> List[float]:
-    """The compiled step's time over eager's that the last runs of this setup on
-    this machine measured, oldest first (at most PRIOR_RUNS; none before the first)."""
-    return _measured(read_cache(_path(cfg, learning_precision)))
+def memory(cfg, learning_precision: str) -> CompileMemory:
+    """What the learner's compile takes from earlier runs of this setup on this
+    machine: the compiled step's time over eager's that the last ones measured,
+    oldest first (at most PRIOR_RUNS; none before the first), and the name of the
+    machine and setup (this memory's file name), which keys the marks of what
+    inductor's cache holds."""
+    path = _path(cfg, learning_precision)
+    return CompileMemory(tuple(_measured(read_cache(path))), os.path.splitext(os.path.basename(path))[0])
 
 
 def remembered_ratio(cfg, learning_precision: str, images: bool) -> Optional[float]:
