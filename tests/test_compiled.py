@@ -22,6 +22,7 @@ from fastrl.config import Config, parse_args
 from fastrl.learning import compiled as compiled_module
 from fastrl.learning.compiled import COMPILE_STARTED_LINES, TIMED_STEPS, CompiledEvaluate, describe_compile
 from fastrl.learning.learner import _time_limits, gradient_step, trajectory_loss
+from fastrl.plumbing.compiling import BEAT_EVERY_S, cache_holds, cache_mark, set_cache_mark
 from fastrl.tuning.profiling import _fake_minibatch
 
 IMAGE = gym.spaces.Box(0, 255, (3, 36, 48), dtype="uint8")
@@ -457,8 +458,6 @@ def test_a_compile_done_once_is_marked_and_the_next_compiles_in_place_from_the_c
 
 
 def test_another_shape_thread_count_or_loss_is_not_marked(monkeypatch, tmp_path):
-    from fastrl.plumbing.compiling import cache_holds, cache_mark, set_cache_mark
-
     model, mb, key = marked_setup(monkeypatch, tmp_path)
     inputs = {k: mb[k] for k in compiled_module.EVALUATE_INPUTS}
     mark = cache_mark(key, inputs, threads=1, uniform_kl=False)
@@ -488,7 +487,6 @@ def test_a_failed_compile_leaves_no_mark_and_a_failed_in_place_call_removes_it(m
     assert report["chosen"] == "eager" and not os.path.exists(chooser._mark)
     # Marked, but the learner's own compile fails (a cache emptied beneath it, say):
     # that step runs eagerly, the run stays eager, and the mark goes.
-    from fastrl.plumbing.compiling import set_cache_mark
     set_cache_mark(chooser._mark, True)
     os.makedirs(tmp_path / "inductor")
 
@@ -510,15 +508,15 @@ def test_a_failed_compile_leaves_no_mark_and_a_failed_in_place_call_removes_it(m
     assert not os.path.exists(again._mark)
 
 
+def slow_compile(fn):
+    """torch.compile as a pause of two and a half heartbeats, then the function itself."""
+    def call(*args, **kwargs):
+        time.sleep(2.5 * BEAT_EVERY_S)
+        return fn(*args, **kwargs)
+    return call
+
+
 def test_the_learners_own_compile_keeps_its_heartbeat(monkeypatch, tmp_path):
-    from fastrl.plumbing.compiling import BEAT_EVERY_S
-
-    def slow_compile(fn):
-        def call(*args, **kwargs):
-            time.sleep(2.5 * BEAT_EVERY_S)  # a compile longer than two beats
-            return fn(*args, **kwargs)
-        return call
-
     monkeypatch.setattr(compiled_module.torch, "compile", slow_compile)
     monkeypatch.setattr(compiled_module, "compile_in_child", lambda *args: None)
     _, model, mb = small_image_model()

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import queue
 import signal
-import time
 import types
 
 import pytest
 import torch
 from helpers import TrainRun, read_summary
-from test_compiled import IMAGE, small_image_model
+from test_compiled import IMAGE, slow_compile, small_image_model
 
 from fastrl.algo.model import flat_state, load_flat_state
-from fastrl.plumbing.compiling import BEAT_EVERY_S
 from fastrl.sampling import compiled_act as compiled_act_module
 from fastrl.sampling.compiled_act import (
     ACT_COMPILE_KEY,
@@ -137,13 +135,6 @@ def test_a_failed_compile_leaves_the_forward_eager(fake_compile):
 def test_the_compile_keeps_the_worker_beating(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     beats = []
-
-    def slow_compile(fn):
-        def call(*args, **kwargs):
-            time.sleep(2.5 * BEAT_EVERY_S)  # a compile longer than two beats
-            return fn(*args, **kwargs)
-        return call
-
     monkeypatch.setattr(compiled_act_module.torch, "compile", slow_compile)
     clock, cost = FakeClock(), {"eager": 0.0}
     chooser = CompiledAct(StubActor(clock, cost), "on", beat=lambda: beats.append(1))
