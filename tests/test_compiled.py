@@ -505,6 +505,7 @@ def test_a_failed_compile_leaves_no_mark_and_a_failed_in_place_call_removes_it(m
     assert out.values.shape[1:] == mb["rewards"].shape[1:]  # answered all the same, eagerly
     report = again.take_report()
     assert report["chosen"] == "eager" and "inductor fell over" in report["why"] and again.state == "eager"
+    assert describe_compile(report).endswith("compiling from inductor's cache")
     assert not os.path.exists(again._mark)
 
 

@@ -316,6 +316,8 @@ def describe_compile(report: dict) -> str:
     """The line a run prints once the choice is made."""
     head = "the learner's step runs compiled" if report["chosen"] == "compiled" else "the learner's step stays eager"
     if report["compiled_step_s"] is None:  # the compile failed before any compiled step
+        if report.get("in_place"):
+            return f"{head}: {report['why']}, compiling from inductor's cache"
         return f"{head}: {report['why']}, after {report['background_compile_s']:.1f} s of compiling in the background"
     timed = f"{report['compiled_step_s'] * 1e3:,.0f} ms a step"
     if report["eager_step_s"]:
