@@ -33,7 +33,7 @@ def test_the_workers_that_fill_the_first_batch_are_counted(options, leading):
     assert first_batch_workers(cfg) == leading
 
 
-def _waiting(num_workers=2, index=1):
+def _waiting(num_workers=2):
     cfg = Config(env="doom_battle", num_workers=num_workers, num_envs_per_worker=32, rollout=32, batch_size=1024)
     ctx = SimpleNamespace(first_handed=torch.zeros(num_workers, dtype=torch.int8).share_memory_(), stop=StopFlag(),
                           board=StatsBoard([f"rollout_{i}" for i in range(num_workers)]))
