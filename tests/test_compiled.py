@@ -4,6 +4,7 @@ the timed steps say is faster, staying eager on any failure."""
 import copy
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -434,7 +435,7 @@ def test_a_compile_done_once_is_marked_and_the_next_compiles_in_place_from_the_c
 
     def child_fills_the_cache(*args):
         children.append(1)
-        os.makedirs(tmp_path / "inductor", exist_ok=True)
+        os.makedirs(tmp_path / "inductor" / "fxgraph", exist_ok=True)
 
     monkeypatch.setattr(compiled_module, "compile_in_child", child_fills_the_cache)
     model, mb, key = marked_setup(monkeypatch, tmp_path)
@@ -464,6 +465,8 @@ def test_another_shape_thread_count_or_loss_is_not_marked(monkeypatch, tmp_path)
     assert not cache_holds(mark)
     set_cache_mark(mark, True)
     os.makedirs(tmp_path / "inductor")
+    assert not cache_holds(mark)  # the folder there but empty: nothing to compile from
+    os.makedirs(tmp_path / "inductor" / "fxgraph")
     assert cache_holds(mark) and cache_holds(cache_mark(key, dict(inputs), threads=1, uniform_kl=False))
     wider = dict(inputs, actions=torch.cat([inputs["actions"]] * 2, dim=1))
     for other in (cache_mark("another setup", inputs, threads=1, uniform_kl=False),
@@ -472,7 +475,7 @@ def test_another_shape_thread_count_or_loss_is_not_marked(monkeypatch, tmp_path)
                   cache_mark(key, inputs, threads=1, uniform_kl=True)):
         assert not cache_holds(other)
     assert cache_mark("", inputs, threads=1) is None and not cache_holds(None)  # no key: never marked
-    os.rmdir(tmp_path / "inductor")  # the cache itself gone (emptied by hand): compile in the background again
+    shutil.rmtree(tmp_path / "inductor")  # the cache itself gone (emptied by hand): compile in the background again
     assert not cache_holds(mark)
     set_cache_mark(mark, False)
     assert not os.path.exists(mark)
@@ -488,7 +491,7 @@ def test_a_failed_compile_leaves_no_mark_and_a_failed_in_place_call_removes_it(m
     # Marked, but the learner's own compile fails (a cache emptied beneath it, say):
     # that step runs eagerly, the run stays eager, and the mark goes.
     set_cache_mark(chooser._mark, True)
-    os.makedirs(tmp_path / "inductor")
+    os.makedirs(tmp_path / "inductor" / "fxgraph")
 
     def failing(fn):
         def call(*args, **kwargs):

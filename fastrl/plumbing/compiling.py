@@ -81,8 +81,15 @@ def _signature(value):
 
 
 def cache_holds(mark: Optional[str]) -> bool:
-    """Whether a run marked this compile done (and inductor's cache folder is there)."""
-    return bool(mark) and os.path.isfile(mark) and os.path.isdir(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+    """Whether a run marked this compile done, with inductor's cache folder still
+    there and not emptied (a cold compile in place would pause the learner for
+    minutes, where in the background it costs a slower start)."""
+    if not mark or not os.path.isfile(mark):
+        return False
+    try:
+        return bool(os.listdir(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")))
+    except OSError:
+        return False
 
 
 def set_cache_mark(mark: Optional[str], held: bool) -> None:

@@ -655,7 +655,9 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
             # plan gave doom_battle's learner two threads on two busy cores. So only
             # the speed-up crosses over, and every model cost keeps the precision's
             # level; the price is the one-thread step timed twice, ~1 s of a cold profile.
-            measured = {t: one_thread.train_s * s / measured[1] for t, s in measured.items()}
+            # (The speed-up first: x / x is exactly 1, so the one-thread cost stays the
+            # precision's to the bit, which a product before the division only nearly kept.)
+            measured = {t: one_thread.train_s * (s / measured[1]) for t, s in measured.items()}
         train_s.update(measured)
         capped = capped or model.capped
     if not on_gpu:
