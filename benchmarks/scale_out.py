@@ -11,12 +11,16 @@ Part 1 runs `torchrun --standalone --nproc_per_node N -m fastrl.train --env Cart
 as a user would, per seed, for: 1 rank (the whole machine); 2 ranks (each on half the
 cores, each with the per-rank batch of 1 rank, so a gradient step averages twice the
 samples); 2 ranks with half the batch each (the same samples per gradient step as 1
-rank, and 16 envs per rollout worker, which that batch needs). Each run stops at a
+rank, and 16 envs per rollout worker, which that batch needs); and 2 independent
+runs at once (plain `python -m fastrl.train`, no torchrun), each confined to the cores
+a rank of two gets: what 2 ranks would make if keeping their weights identical cost
+nothing. 2 ranks against that pair is the cost of the lockstep; the pair against 1
+rank is the cost of splitting the machine in two pipelines. Each run stops at a
 100-episode mean return of --target or after --budget_seconds. It reports env
 frames/s and samples trained/s (rank 0's status lines, which sum every rank's
 counters, averaged over the lines after training began) and the time from launch to
 the target (summary.json's reached_reward_at_seconds), the median over the seeds,
-and 2 ranks' frames/s as a share of 1 rank's. With --env other than CartPole-v1 (the
+and each variant's frames/s as a share of 1 rank's. With --env other than CartPole-v1 (the
 main job, doom_battle, whose learner step is ~500x CartPole's), each run trains for
 --budget_seconds with no target, and the half-batch variant is left out: its env
 counts are CartPole's.
@@ -51,28 +55,48 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import List, Optional
 
 import psutil
 from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
 
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames [\d,]+ \| ([\d,]+) fps .* trained ([\d,]+) samples/s")
 BATCH = 1024  # CartPole's per-rank batch (the trainer's default)
+PAIR = "2 independent runs"
 
 
 # --------------------------------------------------------------------------------------
 # Part 1: 1 rank against 2 on the same machine
 
-def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str, env: str = "CartPole-v1") -> dict:
-    """One torchrun launch on `env`: its steady rates and its time to a stop_at_reward in `options`."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-           "-m", "fastrl.train", "--env", env, "--seed", str(seed), "--train_dir", train_dir,
-           "--experiment", experiment, "--status_every_seconds", "2", *options]
+def _launch(ranks: int, seed: int, options: list, train_dir: str, experiment: str, env: str,
+            cpus: Optional[List[int]] = None) -> subprocess.Popen:
+    """Start one training run on `env`: under torchrun with `ranks` ranks, or, with `ranks`
+    0, as a plain `python -m fastrl.train` confined to `cpus`."""
+    train = ["-m", "fastrl.train", "--env", env, "--seed", str(seed), "--train_dir", train_dir,
+             "--experiment", experiment, "--status_every_seconds", "2", *options]
+    if ranks:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), *train]
+    else:
+        cmd = [sys.executable, *train]
     loopback = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # ranks on one machine talk over loopback
-    out = subprocess.run(cmd, capture_output=True, text=True, env=loopback)
-    if out.returncode != 0:  # the run's own words say why; torchrun's summary alone does not
-        tail = "\n".join((out.stdout + out.stderr).splitlines()[-40:])
-        raise SystemExit(f"scale_out.py: {' '.join(cmd[2:])} exited {out.returncode}; its last lines:\n{tail}")
-    lines = [m for m in map(STATUS.match, out.stdout.splitlines()) if m]
+    confine = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    # Output to files, not pipes: a pair's second run must not block on a full pipe
+    # while the first one's is read.
+    with open(os.path.join(train_dir, f"{experiment}.out"), "w") as out, \
+            open(os.path.join(train_dir, f"{experiment}.err"), "w") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=loopback, preexec_fn=confine)
+
+
+def _result(proc: subprocess.Popen, train_dir: str, experiment: str) -> dict:
+    """A launched run's steady rates and its time to a stop_at_reward, once it has ended."""
+    proc.wait()
+    with open(os.path.join(train_dir, f"{experiment}.out")) as out, \
+            open(os.path.join(train_dir, f"{experiment}.err")) as err:
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode != 0:  # the run's own words say why; torchrun's summary alone does not
+        tail = "\n".join((stdout + stderr).splitlines()[-40:])
+        raise SystemExit(f"scale_out.py: {' '.join(proc.args[2:])} exited {proc.returncode}; its last lines:\n{tail}")
+    lines = [m for m in map(STATUS.match, stdout.splitlines()) if m]
     training = [(float(m.group(2).replace(",", "")), float(m.group(3).replace(",", ""))) for m in lines
                 if float(m.group(3).replace(",", "")) > 0][1:]  # the first window straddles the start of training
     with open(os.path.join(train_dir, experiment, "summary.json")) as fh:
@@ -84,10 +108,30 @@ def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str, 
             "wall_s": summary["wall_seconds"]}
 
 
+def _run(ranks: int, seed: int, options: list, train_dir: str, experiment: str, env: str = "CartPole-v1") -> dict:
+    """One torchrun launch on `env`: its steady rates and its time to a stop_at_reward in `options`."""
+    return _result(_launch(ranks, seed, options, train_dir, experiment, env), train_dir, experiment)
+
+
+def _run_pair(seed: int, options: list, train_dir: str, experiment: str, env: str) -> dict:
+    """Two independent runs at once, each on the half of the cores a rank of two would
+    get, joined by nothing: what 2 ranks would make if keeping their weights identical
+    cost nothing. Their rates add up; the time to the target is the slower one's."""
+    from fastrl.plumbing.ranks import rank_cpus
+
+    halves = [rank_cpus(i, 2) for i in range(2)]
+    procs = [_launch(0, seed + 1000 * i, options, train_dir, f"{experiment}_{i}", env, half)
+             for i, half in enumerate(halves)]
+    runs = [_result(p, train_dir, f"{experiment}_{i}") for i, p in enumerate(procs)]
+    return {"fps": sum(r["fps"] for r in runs), "samples_per_s": sum(r["samples_per_s"] for r in runs),
+            "to_target_s": max(r["to_target_s"] for r in runs), "sync_s": None,
+            "wall_s": max(r["wall_s"] for r in runs)}
+
+
 def scale_runs(args) -> None:
     # Half the batch needs half the envs per rollout worker, as a buffer holds rollout x envs samples.
     cartpole = args.env == "CartPole-v1"
-    variants = [("1 rank", 1, []), ("2 ranks", 2, [])]
+    variants = [("1 rank", 1, []), ("2 ranks", 2, []), (PAIR, 0, [])]
     if cartpole:
         half = ["--batch_size", str(BATCH // 2), "--num_envs_per_worker", "16"]
         variants.append(("2 ranks, half batch each", 2, half))
@@ -98,18 +142,27 @@ def scale_runs(args) -> None:
                 budget = ["--train_for_seconds", str(args.budget_seconds)]
                 if cartpole:
                     budget += ["--stop_at_reward", str(args.target)]
-                r = _run(ranks, seed, [*budget, *options], train_dir, f"r{ranks}_s{seed}_{len(options)}", args.env)
+                experiment = f"r{ranks}_s{seed}_{len(options)}"
+                if name == PAIR:
+                    r = _run_pair(seed, [*budget, *options], train_dir, experiment, args.env)
+                else:
+                    r = _run(ranks, seed, [*budget, *options], train_dir, experiment, args.env)
                 results.setdefault(name, []).append(r)
                 sync = f", rank 0's learner in collectives {r['sync_s']:.1f} s" if r["sync_s"] is not None else ""
                 target = f"{r['to_target_s']:.1f} s to {args.target:g} " if cartpole else ""
                 print(f"seed {seed}, {name}: {r['fps']:,.0f} env frames/s, {r['samples_per_s']:,.0f} samples/s, "
                       f"{target}(run {r['wall_s']:.0f} s{sync})", flush=True)
-    base = statistics.median(r["fps"] for r in results["1 rank"])
+    median = {name: statistics.median(r["fps"] for r in runs) for name, runs in results.items()}
     for name, runs in results.items():
-        fps = statistics.median(r["fps"] for r in runs)
         target = f"{statistics.median(r['to_target_s'] for r in runs):.1f} s to {args.target:g} " if cartpole else ""
-        print(f"{name} ({args.env}): median {fps:,.0f} env frames/s ({fps / base:.2f}x 1 rank), "
-              f"{statistics.median(r['samples_per_s'] for r in runs):,.0f} samples/s, {target}over seeds {args.seeds}")
+        print(f"{name} ({args.env}): median {median[name]:,.0f} env frames/s ({median[name] / median['1 rank']:.2f}x "
+              f"1 rank), {statistics.median(r['samples_per_s'] for r in runs):,.0f} samples/s, {target}"
+              f"over seeds {args.seeds}")
+    # The pair splits the cores as the ranks do but never meets: 2 ranks against it is
+    # what keeping the weights identical costs; the pair against 1 rank is what halving
+    # the cores costs, which no scheme of two pipelines avoids.
+    print(f"keeping 2 ranks' weights identical costs: 2 ranks = {median['2 ranks'] / median[PAIR]:.2f}x "
+          f"{PAIR}; splitting the cores costs: {PAIR} = {median[PAIR] / median['1 rank']:.2f}x 1 rank")
 
 
 # --------------------------------------------------------------------------------------

@@ -111,6 +111,13 @@ def core_share(cpus: List[int], physical: List[List[int]], local_rank: int, loca
     return [cpus[local_rank % len(cpus)]]
 
 
+def rank_cpus(local_rank: int, local_world_size: int) -> List[int]:
+    """The cpus, of those this process may use, that local rank `local_rank` of
+    `local_world_size` takes (`core_share` over this machine's physical cores)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return core_share(cpus, _physical_cores(cpus), local_rank, local_world_size)
+
+
 def claim_cores(rank: Rank) -> Optional[List[int]]:
     """Confine this process, and every process it starts from now on, to its rank's
     share of the cores it may use, so that the planner's `usable_cores()` counts that
@@ -119,8 +126,7 @@ def claim_cores(rank: Rank) -> Optional[List[int]]:
     inherit the affinity of the process they are forked from."""
     if rank.local_world_size <= 1 or not hasattr(os, "sched_setaffinity"):
         return None
-    cpus = sorted(os.sched_getaffinity(0))
-    share = core_share(cpus, _physical_cores(cpus), rank.local_rank, rank.local_world_size)
+    share = rank_cpus(rank.local_rank, rank.local_world_size)
     try:
         os.sched_setaffinity(0, share)
     except OSError:
