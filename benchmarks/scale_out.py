@@ -36,8 +36,9 @@ Part 3 starts two local processes, each on its own core as two ranks on this
 machine would be, joined by Gloo on loopback. Each builds the doom_battle model
 (the Doom preset's options) and times, alternately for --allreduce_rounds rounds, a
 learner gradient step on a minibatch of the preset's size without the all-reduce,
-the same step with it (fastrl.learning.learner.gradient_step with Peers), and the
-all-reduce alone. The all-reduce's share of a step is (all-reduce alone) / (step
+the same step with it (fastrl.learning.learner.gradient_step with Peers), the
+all-reduce alone, and TINY_PER_ROUND all-reduces of 4 numbers (the floor under any
+collective: a normaliser's moments, a batch's agreement). The all-reduce's share of a step is (all-reduce alone) / (step
 with it). Both processes time at once, as two ranks' learners would run.
 
 It prints the machine first: run it when nothing else runs on the machine, or read
@@ -63,6 +64,7 @@ from cartpole_time_to_score import cpu_model  # the same machine line in every b
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames [\d,]+ \| ([\d,]+) fps .* trained ([\d,]+) samples/s")
 BATCH = 1024  # CartPole's per-rank batch (the trainer's default)
 PAIR = "2 independent runs"
+TINY_PER_ROUND = 50  # part 3's all-reduces of 4 numbers after each round's steps
 
 
 # --------------------------------------------------------------------------------------
@@ -215,7 +217,8 @@ def _allreduce_rank(rank: int, port: int, rounds: int, obs_space, action_space, 
     mb = _fake_minibatch(cfg, model, obs_space, torch.Generator().manual_seed(rank))
     peers = Peers(me, "gloo", 120.0, torch.device("cpu"), StatsBoard(["learner"]).row("learner"))
     params = [p for p in model.parameters()]
-    times = {"step": [], "step_allreduce": [], "allreduce": []}
+    times = {"step": [], "step_allreduce": [], "allreduce": [], "tiny": []}
+    tiny = torch.zeros(4, dtype=torch.float64)
     try:
         for i in range(rounds + 1):  # the first round warms up, untimed
             t0 = time.perf_counter()
@@ -226,10 +229,18 @@ def _allreduce_rank(rank: int, port: int, rounds: int, obs_space, action_space, 
             # What gradient_step sends: its two decisions and the return normaliser's moments.
             peers.average_gradients(params, float(mb["valid"].sum()), [0.0, 0.0], torch.zeros(3, dtype=torch.float64))
             t3 = time.perf_counter()
+            # The floor under every collective: a normaliser's few moments, repeated, as
+            # a CartPole batch's ten collectives are each about this small.
+            tiny_s = []
+            for _ in range(TINY_PER_ROUND):
+                t4 = time.perf_counter()
+                peers.sum_(tiny)
+                tiny_s.append(time.perf_counter() - t4)
             if i:
                 times["step"].append(t1 - t0)
                 times["step_allreduce"].append(t2 - t1)
                 times["allreduce"].append(t3 - t2)
+                times["tiny"].extend(tiny_s)
     finally:
         peers.leave()
     result.send({"times": times, "params": sum(p.numel() for p in params), "precision": precision.describe(),
@@ -267,7 +278,9 @@ def allreduce_share(args) -> None:
         med = {k: statistics.median(v) * 1e3 for k, v in r["times"].items()}
         print(f"rank {rank} (cpus {r['cpus']}): step {med['step']:.0f} ms alone, {med['step_allreduce']:.0f} ms "
               f"with the all-reduce; the all-reduce alone {med['allreduce']:.1f} ms = "
-              f"{med['allreduce'] / med['step_allreduce']:.1%} of a step (medians of {len(r['times']['step'])})")
+              f"{med['allreduce'] / med['step_allreduce']:.1%} of a step (medians of {len(r['times']['step'])}); "
+              f"an all-reduce of 4 numbers {med['tiny'] * 1e3:.0f} us (median), "
+              f"{statistics.quantiles(r['times']['tiny'], n=10)[-1] * 1e6:.0f} us (p90) of {len(r['times']['tiny'])}")
 
 
 def main() -> int:
