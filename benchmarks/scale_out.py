@@ -4,6 +4,7 @@ learner step.
 
     python benchmarks/scale_out.py [--seeds 0 1 2] [--target 300] [--budget_seconds 120]
                                    [--slow_seconds 60] [--allreduce_rounds 10]
+                                   [--train_options='--num_minibatches 2']
                                    [--skip_runs] [--skip_slow_rank] [--skip_allreduce]
     python benchmarks/scale_out.py --env doom_battle --seeds 0 --budget_seconds 150 --skip_slow_rank --skip_allreduce
 
@@ -141,7 +142,7 @@ def scale_runs(args) -> None:
     with tempfile.TemporaryDirectory() as train_dir:
         for seed in args.seeds:
             for name, ranks, options in variants:  # interleaved, so that a slow spell hits every variant
-                budget = ["--train_for_seconds", str(args.budget_seconds)]
+                budget = ["--train_for_seconds", str(args.budget_seconds), *args.train_options.split()]
                 if cartpole:
                     budget += ["--stop_at_reward", str(args.target)]
                 experiment = f"r{ranks}_s{seed}_{len(options)}"
@@ -292,6 +293,9 @@ def main() -> int:
     parser.add_argument("--budget_seconds", type=float, default=120.0, help="give up on a run after this long")
     parser.add_argument("--slow_seconds", type=float, default=60.0, help="length of each slow-rank run")
     parser.add_argument("--allreduce_rounds", type=int, default=10)
+    parser.add_argument("--train_options", default="",
+                        help="more fastrl.train options for every run of part 1, in one string: --train_options="
+                             "'--num_minibatches 2' takes half the gradient steps (and collectives) a batch")
     parser.add_argument("--skip_runs", action="store_true", help="leave out part 1")
     parser.add_argument("--skip_slow_rank", action="store_true", help="leave out part 2")
     parser.add_argument("--skip_allreduce", action="store_true", help="leave out part 3")
