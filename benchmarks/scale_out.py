@@ -21,8 +21,9 @@ rank is the cost of splitting the machine in two pipelines. Each run stops at a
 frames/s and samples trained/s (rank 0's status lines, which sum every rank's
 counters, averaged over the lines after training began) and the time from launch to
 the target (summary.json's reached_reward_at_seconds), the median over the seeds,
-and each variant's frames/s as a share of 1 rank's. With --env other than CartPole-v1 (the
-main job, doom_battle, whose learner step is ~500x CartPole's), each run trains for
+and each variant's frames/s as a share of 1 rank's. --train_options adds fastrl.train
+options to every run. With --env other than CartPole-v1 (the main job, doom_battle,
+whose learner step is ~500x CartPole's), each run trains for
 --budget_seconds with no target, and the half-batch variant is left out: its env
 counts are CartPole's.
 
@@ -39,8 +40,9 @@ machine would be, joined by Gloo on loopback. Each builds the doom_battle model
 learner gradient step on a minibatch of the preset's size without the all-reduce,
 the same step with it (fastrl.learning.learner.gradient_step with Peers), the
 all-reduce alone, and TINY_PER_ROUND all-reduces of 4 numbers (the floor under any
-collective: a normaliser's moments, a batch's agreement). The all-reduce's share of a step is (all-reduce alone) / (step
-with it). Both processes time at once, as two ranks' learners would run.
+collective: a normaliser's moments, a batch's agreement). The all-reduce's share of
+a step is (all-reduce alone) / (step with it). Both processes time at once, as two
+ranks' learners would run.
 
 It prints the machine first: run it when nothing else runs on the machine, or read
 the numbers as those of a shared one.
@@ -231,7 +233,7 @@ def _allreduce_rank(rank: int, port: int, rounds: int, obs_space, action_space, 
             peers.average_gradients(params, float(mb["valid"].sum()), [0.0, 0.0], torch.zeros(3, dtype=torch.float64))
             t3 = time.perf_counter()
             # The floor under every collective: a normaliser's few moments, repeated, as
-            # a CartPole batch's ten collectives are each about this small.
+            # a CartPole batch's nine collectives are each about this small.
             tiny_s = []
             for _ in range(TINY_PER_ROUND):
                 t4 = time.perf_counter()
