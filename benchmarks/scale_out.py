@@ -89,7 +89,7 @@ def _launch(ranks: int, seed: int, options: list, train_dir: str, experiment: st
     # while the first one's is read.
     with open(os.path.join(train_dir, f"{experiment}.out"), "w") as out, \
             open(os.path.join(train_dir, f"{experiment}.err"), "w") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=loopback, preexec_fn=confine)
+        return subprocess.Popen(cmd, stdout=out, stderr=err, env=loopback, preexec_fn=confine)
 
 
 def _result(proc: subprocess.Popen, train_dir: str, experiment: str) -> dict:
