@@ -259,6 +259,28 @@ def test_the_pixel_z_score_is_the_same_whatever_the_images_layout():
         assert got.dtype == torch.float32 and torch.equal(got, want)
 
 
+def test_image_statistics_are_stored_as_the_frames_are_and_load_from_any_layout():
+    # An image encoder's statistics live channels-last, as its frames do, so that a
+    # compiled z-score reads both in one order; checkpoints and flat_state carry
+    # values, not the layout, so statistics saved [C, H, W] load into them unchanged.
+    norm = RunningNorm(IMAGE.shape, channels_last=True)
+    for stat in (norm.mean, norm.var):
+        assert stat.shape == IMAGE.shape and stat.unsqueeze(0).is_contiguous(memory_format=torch.channels_last)
+    saved = {"mean": torch.rand(IMAGE.shape) * 255, "var": torch.rand(IMAGE.shape) * 50, "count": torch.tensor(7.0)}
+    norm.load_state_dict(saved)
+    assert torch.equal(norm.mean, saved["mean"]) and torch.equal(norm.var, saved["var"])
+    assert norm.mean.unsqueeze(0).is_contiguous(memory_format=torch.channels_last)
+    copy = RunningNorm(IMAGE.shape, channels_last=True)
+    load_flat_state(copy, flat_state(norm))
+    assert torch.equal(copy.mean, norm.mean) and torch.equal(copy.var, norm.var)
+    frames = torch.randint(0, 256, (4, *IMAGE.shape), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    plain = RunningNorm(IMAGE.shape)
+    plain.load_state_dict(saved)
+    assert torch.equal(norm(frames), plain(frames))
+    with pytest.raises(ValueError, match="images"):
+        RunningNorm((4,), channels_last=True)
+
+
 def test_obs_layout_and_conversion():
     space = gym.spaces.Dict(
         {"image": IMAGE, "vec": gym.spaces.Box(-1, 1, (2, 3), np.float64), "d": gym.spaces.Discrete(5)}

@@ -126,10 +126,25 @@ class RunningNorm(nn.Module):
     them.
     """
 
-    def __init__(self, shape: Tuple[int, ...]):
+    def __init__(self, shape: Tuple[int, ...], channels_last: bool = False):
+        """shape: the feature's. channels_last: shape is an image's [C, H, W] whose frames
+        come channels-last, and the statistics are stored that way too: the z-score and
+        the update then walk the frames and the statistics in the same order. A
+        compiled forward needs it: inductor reads a graph input as it is stored, and
+        with [C, H, W] statistics it transposed the frames in tiles to meet them (the
+        compiled learner step and actor forward 1.04x the time; benchmarks/README.md)."""
         super().__init__()
-        self.register_buffer("mean", torch.zeros(shape))
-        self.register_buffer("var", torch.ones(shape))
+        if channels_last and len(shape) != 3:
+            raise ValueError(f"RunningNorm(channels_last=True) is for [C, H, W] images; got shape {shape}.")
+
+        def filled(value: float) -> torch.Tensor:
+            if not channels_last:
+                return torch.full(shape, value)
+            channels, height, width = shape
+            return torch.full((height, width, channels), value).permute(2, 0, 1)
+
+        self.register_buffer("mean", filled(0.0))
+        self.register_buffer("var", filled(1.0))
         self.register_buffer("count", torch.zeros(()))
 
     @torch.no_grad()
@@ -193,12 +208,15 @@ class RunningNorm(nn.Module):
 
 def _laid_out_as(stat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Per-pixel statistics [C, H, W] laid out for arithmetic with images x [N, C, H, W]
-    as x is (else stat itself). Against channels-last frames, statistics in [C, H, W]
-    order make the innermost loop stride across memory: the z-score of a learner's
-    batch of Doom frames took 40% of its step, 2x its time laid out alike (4x on an
-    actor's 32 frames; AMD EPYC, one thread), the update of the statistics up to 1.4x."""
-    if x.dim() == 4 and stat.dim() == 3 and x.is_contiguous(memory_format=torch.channels_last):
-        return stat.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    as x is (else stat itself); free when they already are. Against channels-last
+    frames, statistics in [C, H, W] order make the innermost loop stride across
+    memory: the z-score of a learner's batch of Doom frames took 40% of its step, 2x
+    its time laid out alike (4x on an actor's 32 frames; AMD EPYC, one thread), the
+    update of the statistics up to 1.4x."""
+    if x.dim() == 4 and stat.dim() == 3:
+        frames_last = x.is_contiguous(memory_format=torch.channels_last)
+        return stat.unsqueeze(0).contiguous(
+            memory_format=torch.channels_last if frames_last else torch.contiguous_format)
     return stat
 
 
@@ -272,7 +290,7 @@ class ConvEncoder(nn.Module):
         # the z-score of each pixel against its own history, so the static parts of
         # the screen (HUD, walls seen from the spawn point) fade towards zero and the
         # parts that change stand out, instead of a fixed /255.
-        self.norm = RunningNorm(tuple(shape)) if normalize else None
+        self.norm = RunningNorm(tuple(shape), channels_last=True) if normalize else None
         channels, height, width = shape
         if min(height, width) < CONV_MIN_SIZE:
             raise ValueError(
