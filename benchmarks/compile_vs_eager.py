@@ -1,6 +1,6 @@
 """Does torch.compile (inductor) make the model cheaper on this CPU?
 
-    python benchmarks/compile_vs_eager.py [--env doom_battle] [--parts conv gru evaluate] [--seconds 20]
+    python benchmarks/compile_vs_eager.py [--env doom_battle] [--parts conv evaluate] [--seconds 20]
 
 For each precision (fp32, bf16) and each part compiled, builds the env's model
 twice from the same seed, once eager and once with that part wrapped in
@@ -11,9 +11,9 @@ samples, on one thread as the trainer runs them. Prints the median of each, the
 compiled/eager ratio (below 1: compiled is faster) and the seconds the first
 compiled calls took (paid at every launch without a warm inductor cache).
 
-Parts: `conv` the image encoder's conv and FC stacks, `gru` the GRU step the
-learner unrolls over time, `evaluate` the whole re-run of the policy over a
-trajectory batch (encoder, unrolled GRU, heads) that the loss differentiates,
+Parts: `conv` the image encoder's conv and FC stacks, `evaluate` the whole
+re-run of the policy over a trajectory batch (encoder, unrolled GRU, heads) that
+the loss differentiates,
 `loss` that and the loss on it (V-trace, the PPO terms: what a vector model's
 step mostly is). `--env` takes any env, its presets applied as the trainer
 applies them.
@@ -40,32 +40,17 @@ from fastrl.learning.learner import _time_limits, gradient_step, trajectory_loss
 from fastrl.presets import preset_for_spaces  # noqa: E402
 from fastrl.tuning.profiling import ModelBench, time_interleaved  # noqa: E402
 
-EAGER_GRU_STEP = model_module.gru_step
-
 
 def compile_part(model, part: str) -> None:
-    """Wrap one part of `model` in torch.compile, in place (gru: see with_compiled_gru)."""
+    """Wrap one part of `model` in torch.compile, in place (loss: see calls_for)."""
     if part == "conv":
         for encoder in model.encoders:
             if isinstance(encoder, model_module.ConvEncoder):
                 encoder.conv, encoder.fc = torch.compile(encoder.conv), torch.compile(encoder.fc)
     elif part == "evaluate":
         model.evaluate = torch.compile(model.evaluate)
-    elif part not in ("gru", "loss"):
-        raise SystemExit(f"compile_vs_eager.py: unknown part {part!r}; choose conv, gru, evaluate or loss.")
-
-
-def with_compiled_gru(fn, compiled_step):
-    """fn with the model module's gru_step compiled for the call's length only: the
-    model looks the function up by name on every step, and the eager side of the
-    comparison must keep the eager one."""
-    def call():
-        model_module.gru_step = compiled_step
-        try:
-            fn()
-        finally:
-            model_module.gru_step = EAGER_GRU_STEP
-    return call
+    elif part != "loss":
+        raise SystemExit(f"compile_vs_eager.py: unknown part {part!r}; choose conv, evaluate or loss.")
 
 
 def calls_for(cfg, obs_space, action_space, precision: str, part: str | None, forward_batch: int) -> dict:
@@ -82,16 +67,13 @@ def calls_for(cfg, obs_space, action_space, precision: str, part: str | None, fo
         mb = bench.minibatch
         calls["train"] = lambda: gradient_step(cfg, bench.learner, bench.optimizer, mb, mb["valid"], loss=loss,
                                                stats=False)  # as the eager side, ModelBench.train, steps
-    if part == "gru":
-        compiled_step = torch.compile(EAGER_GRU_STEP)
-        calls = {name: with_compiled_gru(fn, compiled_step) for name, fn in calls.items()}
     return calls
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="doom_battle")
-    parser.add_argument("--parts", nargs="+", default=["conv", "gru", "evaluate"])
+    parser.add_argument("--parts", nargs="+", default=["conv", "evaluate"])
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--forward_batch", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per part and precision")

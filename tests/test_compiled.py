@@ -17,6 +17,7 @@ import pytest
 import torch
 from helpers import REPO, TrainRun, read_summary
 from test_gradient_step import OBS, _batch, _on_policy
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from fastrl.algo.model import ActorCritic, build_model
 from fastrl.config import Config, parse_args
@@ -331,6 +332,10 @@ def test_the_compile_keeps_inductors_cache_in_the_users_cache_unless_told_where(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     start_compile()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    # What torch._dynamo's import sets, inductor's default, is no one's choice.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    start_compile()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "fastrl" / "inductor")
 
 
 def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):

@@ -13,9 +13,10 @@ the cost of one conversion inside the batched forward pass.
 Two entry points serve the two callers. `act` is one inference step for a policy
 worker. `evaluate` is the learner's unroll over a [T+1, B] trajectory; without an RNN
 it flattens time into the batch, with one it runs the encoders batched and loops only
-the GRU cell over time (its input projection batched over all steps), resetting the
-state where an episode begins. Inference and learner unroll share `_encode` and
-`gru_step`, so they agree by construction (and the tests check that they do).
+the GRU cell over time (its input projection batched over all steps, the loop in
+`gru_sequence`, which differentiates it by hand), resetting the state where an
+episode begins. Inference and learner unroll share `_encode` and the GRU's
+arithmetic (`gru_step`'s), so they agree (and the tests check that they do).
 
 `build_model` makes the network a run's config asks for, in the arithmetic its
 caller's role was given (`Precision`, which fastrl.tuning.precision decides);
@@ -33,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fastrl.algo.distributions import ActionSpec
+from fastrl.algo.gru_sequence import gru_sequence
 
 ObsLayout = Dict[str, Tuple[Tuple[int, ...], torch.dtype]]
 
@@ -627,14 +629,8 @@ class ActorCritic(nn.Module):
             # the previous step.
             gi = self._gru_input(x).view(steps, batch, -1)
             keep = (1.0 - episode_start.to(x.dtype)).unsqueeze(-1)
-            h = rnn_state0
-            outputs, states = [], []
-            for t in range(steps):
-                states.append(h)
-                h = gru_step(gi[t], h * keep[t], self.core.weight_hh, self.core.bias_hh)
-                outputs.append(h)
-            core_flat = torch.stack(outputs).flatten(0, 1)
-            rnn_states = torch.stack(states)
+            outputs, rnn_states = gru_sequence(gi, rnn_state0, keep, self.core.weight_hh, self.core.bias_hh)
+            core_flat = outputs.flatten(0, 1)
 
         values = self._values(obs_flat, core_flat).view(steps, batch)
         # Rows are time-major, so the first T*B rows are the T acting steps; the

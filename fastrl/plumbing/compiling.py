@@ -49,8 +49,22 @@ INDUCTOR_CACHE = "inductor"
 
 
 def use_inductor_cache() -> None:
-    """Point inductor at fastrl's cache folder, unless the user named one."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache(INDUCTOR_CACHE))
+    """Point inductor at fastrl's cache folder, unless the user named one.
+
+    Importing torch._dynamo sets the variable to inductor's default itself (torch
+    2.13 does it at import, and a custom op's first call imports it: the learner's
+    GRU, fastrl/algo/gru_sequence.py), so the default counts as unnamed."""
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named is None or named == _inductors_default():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = user_cache(INDUCTOR_CACHE)
+
+
+def _inductors_default() -> Optional[str]:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch that keeps it elsewhere: only an unset variable counts as unnamed
+        return None
+    return default_cache_dir()
 
 
 # Files that each say inductor's cache holds one compile. Inductor can only tell by
