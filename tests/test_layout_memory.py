@@ -127,7 +127,7 @@ def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(c
             self.training_since = runner.time.time() - seconds
             self.metrics, self.rate, self.frames_offset = {}, rate, 0
 
-        def measured_trained_steps_per_s(self):
+        def steady_trained_steps_per_s(self):
             return self.rate
 
         def __getattr__(self, name):  # the summary and the closing line: not what this test checks
@@ -158,3 +158,24 @@ def test_a_run_plans_afresh_unless_given_a_plan_or_resuming_with_its_own(tmp_pat
     assert plan_file(setup, resuming=False) is None
     given = str(tmp_path / "mine.json")
     assert plan_file(dataclasses.replace(setup, plan=given), resuming=False) == given
+
+
+def test_the_rate_a_run_remembers_is_its_second_halfs():
+    # 100 s of training: 20 samples/s until the half way point (a compile beside the
+    # first steps), 100/s after it. The rate is the second half's, from the last
+    # report before the half way point; with no report before it, the whole run's.
+    from fastrl.runtime import runner
+
+    now = runner.time.time()
+    board = type("Board", (), {"total": lambda self, key, row: 6000.0})()
+
+    class Trained:
+        training_since = now - 100.0
+        ctx = type("Ctx", (), {"board": board})()
+
+    run = Trained()
+    run._trained_marks = [(now - 100.0 + t, 20.0 * min(t, 50.0) + 100.0 * max(t - 50.0, 0.0))
+                          for t in range(10, 100, 10)]
+    assert runner.Runner.steady_trained_steps_per_s(run) == pytest.approx(100.0, rel=0.01)
+    run._trained_marks = []
+    assert runner.Runner.steady_trained_steps_per_s(run) == pytest.approx(60.0, rel=0.01)

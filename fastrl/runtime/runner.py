@@ -21,7 +21,7 @@ import shutil
 import signal
 import sys
 import time
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import faster_fifo
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
@@ -105,6 +105,7 @@ LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a lar
 # abandoning it.
 EVAL_FINISH_TIMEOUT_S = 60.0
 POLL_S = 0.05
+MAX_TRAINED_MARKS = 4096  # reports kept for the steady trained rate; past it, every other one
 # A learner's statistics shown per policy beside the run's (policy 0's) full set.
 POLICY_STATS = ("entropy", "approx_kl", "explained_variance", "lr")
 
@@ -472,6 +473,7 @@ class Runner:
         self.first_batch_s: Optional[float] = None  # seconds from the command's launch to training_since
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
         self._last_report = 0.0
+        self._trained_marks: List[Tuple[float, float]] = []  # (time, this rank's samples trained) at each report
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds, cfg.max_worker_restarts)
 
     def _build_context(self, models: list) -> SharedContext:
@@ -920,6 +922,10 @@ class Runner:
                 self.say(f"warning: {warning}")
         self._window = (elapsed, self.env_frames(), self.count("samples_trained"))
         self._last_report = elapsed
+        if self.training_since is not None:
+            self._trained_marks.append((time.time(), self.ctx.board.total("samples_trained", "learner")))
+            if len(self._trained_marks) > MAX_TRAINED_MARKS:  # a long run: every other one, half the resolution
+                self._trained_marks = self._trained_marks[1::2]
         change = self.adapter.update(time.time()) if self.adapt and self.training_since else None
         if change:
             self.say(change)
@@ -932,7 +938,7 @@ class Runner:
             self.write_summary(wall)
             self.say(f"{reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
                      f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}")
-            trained = self.measured_trained_steps_per_s()
+            trained = self.steady_trained_steps_per_s()
             if self.plan is not None and trained:
                 # The status line sums every rank; the plan, and this rate, are rank 0's own.
                 whose = "rank 0: " if self.rank.distributed else ""
@@ -948,6 +954,27 @@ class Runner:
                       "please report this as a fastrl bug.", file=sys.stderr, flush=True)
         if killed:
             print(f"{self._tag()}had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
+
+    def steady_trained_steps_per_s(self) -> float:
+        """Agent steps trained per second over the second half of the training so far,
+        by this rank: the steady state the plan predicts, which the layout memory
+        compares with it. The first half holds the ramp (a compile beside the first
+        steps, the workers' compiles), which a setup's first run after any change
+        of fastrl pays most: doom_battle's trained at 89% of its plan over its
+        whole training and at ~106% from 80 s on, and the next run, taking 89% for
+        local inference's error, chose a policy worker and trained 0.78x as fast
+        as the run after it (benchmarks/README.md, forty-fourth session). The
+        window opens at the last report before the half way point; a run with no
+        report there is measured from its first batch."""
+        if self.training_since is None:
+            return 0.0
+        now = time.time()
+        since, trained_before = self.training_since, 0.0
+        for at, trained in self._trained_marks:
+            if at > self.training_since + (now - self.training_since) / 2:
+                break
+            since, trained_before = at, trained
+        return per_second(self.ctx.board.total("samples_trained", "learner") - trained_before, now - since)
 
     def measured_trained_steps_per_s(self) -> float:
         """Agent steps trained per second since training began (start-up excluded), by
@@ -978,6 +1005,7 @@ class Runner:
             "last_eval": self.last_eval,
             "plan": dataclasses.asdict(self.plan) if self.plan else None,
             "measured_trained_frames_per_s": self.measured_trained_steps_per_s() * self.spec.frameskip,
+            "steady_trained_frames_per_s": self.steady_trained_steps_per_s() * self.spec.frameskip,
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
             "kl_stops": self.ctx.board.get("learner", "kl_stops"),
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,

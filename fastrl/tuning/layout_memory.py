@@ -13,6 +13,8 @@ quiet profile.
 
 So every run that trained long enough to say keeps, per machine and setup as the
 profile is, its trained rate over the model's prediction, by inference mode
+(the rate of its training's second half, as steady as the prediction is: the
+first half holds compiles that a setup's first run pays and the next does not)
 (local or policy workers): those errors are the model's of the mode, not of one
 worker count. The next plan scales each candidate's prediction by the median of
 its mode's last runs. A mode no run has tried keeps the model's prediction, so the

@@ -478,4 +478,5 @@ def measured_next_to_predicted(plan: Optional[Plan], trained_steps_per_s: float,
         return ""
     predicted = plan.predicted["trained_steps_per_s"] * frameskip
     measured = trained_steps_per_s * frameskip
-    return f"planned {predicted:,.0f} env frames/s trained, measured {measured:,.0f} ({measured / predicted:.0%})"
+    return (f"planned {predicted:,.0f} env frames/s trained, measured {measured:,.0f} in the second half of the "
+            f"training ({measured / predicted:.0%})")
