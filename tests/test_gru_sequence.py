@@ -1,5 +1,9 @@
 """gru_sequence against the step-by-step unroll it replaces and against finite
-differences: values, every gradient, resets, and the op inside a compiled graph."""
+differences: values, every gradient, resets, the op inside a compiled graph, and
+an eager call that imports no torch._dynamo."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -93,3 +97,16 @@ def test_inside_a_compiled_graph_it_gives_the_eager_values_and_gradients():
     got = torch.autograd.grad(torch.compile(loss)(*args), trained)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_an_eager_unroll_leaves_torch_dynamo_unimported():
+    # A custom op's first call imports torch._dynamo (1.4-1.7 s), which the learner's
+    # first step would wait for; eagerly the unroll is an autograd.Function.
+    code = ("import sys, torch\n"
+            "from fastrl.algo.gru_sequence import gru_sequence\n"
+            "gi = torch.randn(4, 2, 9, requires_grad=True); w = torch.randn(9, 3, requires_grad=True)\n"
+            "outputs, states = gru_sequence(gi, torch.zeros(2, 3), torch.ones(4, 2, 1), w, torch.zeros(9))\n"
+            "(outputs.sum() + states.sum()).backward()\n"
+            "assert gi.grad is not None and w.grad is not None\n"
+            "assert 'torch._dynamo' not in sys.modules, 'gru_sequence imported torch._dynamo'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -46,22 +46,25 @@ def gru_sequence(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: t
     if tuple(h0.shape) != (batch, hidden) or tuple(keep.shape) != (steps, batch, 1):
         raise ValueError(f"gru_sequence needs h0 [{batch}, {hidden}] and keep [{steps}, {batch}, 1] for gi "
                          f"{tuple(gi.shape)}; got {tuple(h0.shape)} and {tuple(keep.shape)}.")
-    return tuple(_forward(gi, h0, keep, w_hh, b_hh)[:2])
+    if torch.compiler.is_compiling():
+        return tuple(_op(gi, h0, keep, w_hh, b_hh)[:2])
+    return _EagerGruSequence.apply(gi, h0, keep, w_hh, b_hh)
 
 
-# A custom op, not an autograd.Function: torch.compile keeps an op whole and calls
-# it as it is, where it traced a Function's loops into its graph and lowered the
-# contiguous W_hh^T copy away (compiled inside a graph the unroll and its backward
-# took 74 ms a doom_battle batch, as an op 60). The ops' names carry a digest of
-# this file: inductor's on-disk cache knows a graph by the ops it calls, not by
-# what they return, and served a graph compiled against an earlier version's
-# outputs after they changed.
+# Under torch.compile the unroll is a custom op, which the compile calls whole: as
+# an autograd.Function inductor traced its loops into the graph and lowered the
+# contiguous W_hh^T copy away (the unroll and its backward 74 ms a doom_battle
+# batch, as an op 56). Eagerly it is an autograd.Function over the same two
+# functions: a custom op's first call imports torch._dynamo (1.4-1.7 s), which
+# the learner's first step would wait for. The ops' names carry a digest of this
+# file: inductor's on-disk cache knows a graph by the ops it calls, not by what
+# they return, and served a graph compiled against an earlier version's outputs
+# after they changed.
 _SOURCE_DIGEST = hashlib.sha1(pathlib.Path(__file__).read_bytes()).hexdigest()[:10]
 
 
-@torch.library.custom_op(f"fastrl::gru_sequence_{_SOURCE_DIGEST}", mutates_args=())
-def _forward(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch.Tensor,
-             b_hh: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _unroll(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch.Tensor,
+            b_hh: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(outputs, states, then what the backward needs: each step's reset state h_tm1,
     its gates [r_t, z_t, h_n] (h_n the hidden half of n_t's pre-activation) and its
     candidate n_t). Every step writes into the slices of these, not into tensors of
@@ -84,17 +87,15 @@ def _forward(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch
     return outputs, states, masked, gates, news
 
 
-@_forward.register_fake
-def _forward_shapes(gi, h0, keep, w_hh, b_hh):
+def _unroll_shapes(gi, h0, keep, w_hh, b_hh):
     steps, batch, three_h = gi.shape
     return (*(gi.new_empty(steps, batch, three_h // 3) for _ in range(3)), gi.new_empty(steps, batch, three_h),
             gi.new_empty(steps, batch, three_h // 3))
 
 
-@torch.library.custom_op(f"fastrl::gru_sequence_backward_{_SOURCE_DIGEST}", mutates_args=())
-def _backward(d_outputs: Optional[torch.Tensor], d_states: Optional[torch.Tensor], keep: torch.Tensor,
-              w_hh: torch.Tensor, masked: torch.Tensor, gates: torch.Tensor,
-              news: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _unroll_backward(d_outputs: Optional[torch.Tensor], d_states: Optional[torch.Tensor], keep: torch.Tensor,
+                     w_hh: torch.Tensor, masked: torch.Tensor, gates: torch.Tensor,
+                     news: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(d gi, d h0, d w_hh, d b_hh) from the gradients of outputs and of states (None
     where the caller's loss did not use them)."""
     steps, batch, three_h = gates.shape
@@ -127,25 +128,46 @@ def _backward(d_outputs: Optional[torch.Tensor], d_states: Optional[torch.Tensor
     return d_gi, d_h, flat_gh.t().mm(masked.flatten(0, 1)), flat_gh.sum(0)
 
 
-@_backward.register_fake
-def _backward_shapes(d_outputs, d_states, keep, w_hh, masked, gates, news):
+def _unroll_backward_shapes(d_outputs, d_states, keep, w_hh, masked, gates, news):
     steps, batch, three_h = gates.shape
     return (gates.new_empty(steps, batch, three_h), gates.new_empty(batch, three_h // 3),
             w_hh.new_empty(w_hh.shape), w_hh.new_empty(three_h))
 
 
+class _EagerGruSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gi, h0, keep, w_hh, b_hh):
+        outputs, states, *saved = _unroll(gi, h0, keep, w_hh, b_hh)
+        ctx.save_for_backward(keep, w_hh, *saved)
+        # The gradients of outputs a loss did not use come as None, not as zeros made
+        # for them (the states often).
+        ctx.set_materialize_grads(False)
+        return outputs, states
+
+    @staticmethod
+    def backward(ctx, d_outputs, d_states):
+        keep, w_hh, *saved = ctx.saved_tensors
+        d_gi, d_h0, d_w_hh, d_b_hh = _unroll_backward(d_outputs, d_states, keep, w_hh, *saved)
+        return d_gi, d_h0, None, d_w_hh, d_b_hh
+
+
+_op = torch.library.custom_op(f"fastrl::gru_sequence_{_SOURCE_DIGEST}", _unroll, mutates_args=())
+_op.register_fake(_unroll_shapes)
+_op_backward = torch.library.custom_op(f"fastrl::gru_sequence_backward_{_SOURCE_DIGEST}", _unroll_backward,
+                                       mutates_args=())
+_op_backward.register_fake(_unroll_backward_shapes)
+
+
 def _save(ctx, inputs, output):
     _, _, keep, w_hh, _ = inputs
     ctx.save_for_backward(keep, w_hh, *output[2:])
-    # The gradients of outputs a loss did not use come as None, not as zeros made
-    # for them (the states often, the saved tensors always).
-    ctx.set_materialize_grads(False)
+    ctx.set_materialize_grads(False)  # as _EagerGruSequence: the saved outputs' gradients never made
 
 
 def _differentiate(ctx, d_outputs, d_states, *_):
     keep, w_hh, *saved = ctx.saved_tensors
-    d_gi, d_h0, d_w_hh, d_b_hh = _backward(d_outputs, d_states, keep, w_hh, *saved)
+    d_gi, d_h0, d_w_hh, d_b_hh = _op_backward(d_outputs, d_states, keep, w_hh, *saved)
     return d_gi, d_h0, None, d_w_hh, d_b_hh
 
 
-_forward.register_autograd(_differentiate, setup_context=_save)
+_op.register_autograd(_differentiate, setup_context=_save)
