@@ -338,6 +338,39 @@ def test_the_compile_keeps_inductors_cache_in_the_users_cache_unless_told_where(
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "fastrl" / "inductor")
 
 
+def test_the_first_step_and_the_compiles_start_leave_torch_dynamo_unimported(tmp_path):
+    # The learner's first batch waits for its first step, whose end starts the
+    # compile: importing torch._dynamo there cost it a second (inductor's module that
+    # knows its default cache folder imports it; forty-fourth session). The compiling
+    # process, stubbed here, imports it in its own process.
+    code = textwrap.dedent("""
+        import sys
+        import gymnasium as gym
+        import torch
+        from fastrl.algo.model import build_model
+        from fastrl.config import parse_args
+        from fastrl.learning import compiled
+        from fastrl.learning.adam import FusedAdam
+        from fastrl.learning.learner import gradient_step
+        from fastrl.tuning.profiling import _fake_minibatch
+        compiled.compile_in_child = lambda *args: None
+        cfg, _ = parse_args(["--env", "doom_basic", "--use_rnn", "true", "--rnn_size", "32", "--rollout", "4",
+                             "--batch_size", "16"])
+        image, actions = gym.spaces.Box(0, 255, (3, 36, 48), dtype="uint8"), gym.spaces.MultiDiscrete([3, 2])
+        model = build_model(cfg, image, actions, "fp32")
+        mb = _fake_minibatch(cfg, model, image, torch.Generator().manual_seed(0))
+        chooser = compiled.CompiledEvaluate(model, "auto", uniform_kl=False, auto_compiles=True, setup_key="test")
+        chooser.before_step(mb)
+        gradient_step(cfg, model, FusedAdam(model.parameters(), lr=1e-3), mb, mb["valid"])
+        chooser.after_step(1.0)
+        assert chooser.take_started() == "background", chooser.state
+        assert "torch._dynamo" not in sys.modules, "the first step or the compile's start imported torch._dynamo"
+    """)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env, timeout=120)
+
+
 def test_on_keeps_the_compiled_step_without_timing_eager(no_real_compile):
     _, model, mb = small_image_model()
     report = drive(CompiledEvaluate(model, "on", uniform_kl=False, auto_compiles=False), mb,

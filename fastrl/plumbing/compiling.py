@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from typing import Callable, Optional
@@ -60,11 +61,13 @@ def use_inductor_cache() -> None:
 
 
 def _inductors_default() -> Optional[str]:
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:  # a torch that keeps it elsewhere: only an unset variable counts as unnamed
-        return None
-    return default_cache_dir()
+    """Inductor's default folder where torch may have set the variable to it, else None.
+    Only the module that sets it knows the default, and importing it takes a second
+    (it imports torch._dynamo; the learner's first batch waited for it), so where
+    it is not imported yet torch set nothing."""
+    module = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    default = getattr(module, "default_cache_dir", None)
+    return default() if default is not None else None
 
 
 # Files that each say inductor's cache holds one compile. Inductor can only tell by
