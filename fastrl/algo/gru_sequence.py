@@ -151,6 +151,7 @@ class _EagerGruSequence(torch.autograd.Function):
         return d_gi, d_h0, None, d_w_hh, d_b_hh
 
 
+# The fakes (*_shapes) give a compile the outputs' shapes without running the loop.
 _op = torch.library.custom_op(f"fastrl::gru_sequence_{_SOURCE_DIGEST}", _unroll, mutates_args=())
 _op.register_fake(_unroll_shapes)
 _op_backward = torch.library.custom_op(f"fastrl::gru_sequence_backward_{_SOURCE_DIGEST}", _unroll_backward,

@@ -134,7 +134,7 @@ class RunningNorm(nn.Module):
         the update then walk the frames and the statistics in the same order. A
         compiled forward needs it: inductor reads a graph input as it is stored, and
         with [C, H, W] statistics it transposed the frames in tiles to meet them (the
-        compiled learner step and actor forward 1.04x the time; benchmarks/README.md)."""
+        compiled learner step 1.04x the time; benchmarks/README.md)."""
         super().__init__()
         if channels_last and len(shape) != 3:
             raise ValueError(f"RunningNorm(channels_last=True) is for [C, H, W] images; got shape {shape}.")

@@ -53,8 +53,8 @@ def use_inductor_cache() -> None:
     """Point inductor at fastrl's cache folder, unless the user named one.
 
     Importing torch._dynamo sets the variable to inductor's default itself (torch
-    2.13 does it at import, and a custom op's first call imports it: the learner's
-    GRU, fastrl/algo/gru_sequence.py), so the default counts as unnamed."""
+    2.13 does it at import, and anything compiled, or a custom op's first call,
+    imports it), so the default counts as unnamed."""
     named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if named is None or named == _inductors_default():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = user_cache(INDUCTOR_CACHE)
