@@ -13,9 +13,8 @@ compiled calls took (paid at every launch without a warm inductor cache).
 
 Parts: `conv` the image encoder's conv and FC stacks, `evaluate` the whole
 re-run of the policy over a trajectory batch (encoder, unrolled GRU, heads) that
-the loss differentiates,
-`loss` that and the loss on it (V-trace, the PPO terms: what a vector model's
-step mostly is). `--env` takes any env, its presets applied as the trainer
+the loss differentiates, `loss` that and the loss on it (V-trace, the PPO terms:
+what a vector model's step mostly is). `--env` takes any env, its presets applied as the trainer
 applies them.
 """
 from __future__ import annotations
