@@ -8,7 +8,7 @@ import pytest
 from fastrl.algo.model import Precision
 from fastrl.config import Config
 from fastrl.tuning import layout_memory
-from fastrl.tuning.planner import Costs, choose, describe
+from fastrl.tuning.planner import UNTRIED_MARGIN, Costs, choose, describe
 
 FP32 = Precision("fp32", "fp32", "test")
 LONG = layout_memory.MIN_TRAINING_S
@@ -35,19 +35,45 @@ def test_a_mode_that_trained_below_the_model_loses_the_near_tie_it_won():
     assert (plan.inference, plan.num_workers, plan.num_envs_per_worker) == ("policy_worker", 2, 64)
     model_rate = plan.predicted["trained_steps_per_s"]
 
-    after = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": 0.94})
-    assert (after.inference, after.num_workers, after.num_envs_per_worker) == ("local", 2, 32)
-    assert "measured_scale" not in after.predicted  # no run of local inference yet: the model's word
-
     both = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": 0.94, "local": 1.2})
     p = both.predicted
-    assert both.inference == "local"
+    assert (both.inference, both.num_workers, both.num_envs_per_worker) == ("local", 2, 32)
     assert p["trained_steps_per_s"] == pytest.approx(1.2 * p["model_trained_steps_per_s"])
+    assert not p.get("untried")
     line = describe(both, 4)
     assert (f"predicted {p['trained_steps_per_s'] * 4:,.0f} env frames/s trained: the model's "
             f"{p['model_trained_steps_per_s'] * 4:,.0f} (production") in line
     assert "at 1.20x, as earlier runs with local inference trained here; policy lag <=" in line
     assert model_rate == pytest.approx(plan.predicted["trained_steps_per_s"])
+
+
+@pytest.mark.parametrize("measured", [0.94, 1.19])
+def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured):
+    # Whether the policy worker trained below its prediction or above it (the profile
+    # taken beside starting engines read every cost high), local inference, which
+    # the model puts 3% behind, takes the same scale and is run to be measured.
+    after = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": measured})
+    p = after.predicted
+    assert (after.inference, after.num_workers, after.num_envs_per_worker) == ("local", 2, 32)
+    assert p["untried"] and p["measured_scale"] == pytest.approx(measured)
+    assert p["trained_steps_per_s"] == pytest.approx(measured * p["model_trained_steps_per_s"])
+    assert (f"at {measured:.2f}x, as earlier runs of the other inference mode trained here (none here has "
+            "measured local inference yet); policy lag <=") in describe(after, 4)
+    # Once local has a run of its own, the two modes' measurements decide.
+    slow_local = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": measured, "local": 0.7})
+    assert slow_local.inference == "policy_worker" and not slow_local.predicted.get("untried")
+
+
+def test_a_mode_the_model_puts_far_behind_is_not_tried():
+    # 2 x 32 local predicted ~35% behind policy workers (an env step as cheap as a
+    # forward at 64 is dear): one run of policy workers does not make it worth a try.
+    costs = dataclasses.replace(BATTLE, env_s=150e-6, forward_s={4: 2e-3, 16: 1.5e-3, 32: 1.2e-3, 64: 3e-4, 128: 2e-4})
+    first = choose(costs, battle(), explicit=set())
+    local = choose(costs, dataclasses.replace(battle(), inference="local"), explicit={"inference"})
+    assert first.inference == "policy_worker"
+    assert local.predicted["trained_steps_per_s"] < (1 - UNTRIED_MARGIN) * first.predicted["trained_steps_per_s"]
+    again = choose(costs, battle(), explicit=set(), scales={"policy_worker": 1.0})
+    assert again.inference == "policy_worker" and not again.predicted.get("untried")
 
 
 def test_a_mode_the_model_puts_far_ahead_survives_a_bad_run():
@@ -117,7 +143,7 @@ def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(c
     assert runner.make_plan(setup, set(), screen, resuming=False, precision=FP32).inference == "policy_worker"
     layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 940.0, training_s=LONG)
     plan = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
-    assert plan.inference == "local"
+    assert plan.inference == "local" and plan.predicted["untried"]
 
     class Finished:  # what _finish reads of a Runner that trained `seconds` at `rate`
         def __init__(self, seconds, rate, made_here=True):
@@ -133,7 +159,7 @@ def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(c
         def __getattr__(self, name):  # the summary and the closing line: not what this test checks
             return lambda *args, **kwargs: 0.0 if name in ("env_frames", "mean_return") else None
 
-    model = plan.predicted["trained_steps_per_s"]  # no run of local yet: the model's own
+    model = plan.predicted["model_trained_steps_per_s"]  # what local's runs are measured against
     runner.Runner._finish(Finished(LONG + 1, 1.2 * model), 100.0, "done", [], failed=False)
     runner.Runner._finish(Finished(LONG + 1, 0.5 * model), 100.0, "done", [], failed=True)  # a failure: not kept
     runner.Runner._finish(Finished(5, 0.5 * model), 100.0, "done", [], failed=False)  # too short: not kept

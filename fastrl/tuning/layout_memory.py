@@ -17,10 +17,11 @@ profile is, its trained rate over the model's prediction, by inference mode
 first half holds compiles that a setup's first run pays and the next does not)
 (local or policy workers): those errors are the model's of the mode, not of one
 worker count. The next plan scales each candidate's prediction by the median of
-its mode's last runs. A mode no run has tried keeps the model's prediction, so the
-first run of a setup plans as before and the second can move to the other mode;
-the bounds on the scale keep one disturbed run from ruling a mode out for good
-when the model puts it far ahead.
+its mode's last runs. A mode no run has tried takes the other's scale, and the
+planner runs it once if it then comes near the best (planner.UNTRIED_MARGIN): a
+plan that measured only one mode would otherwise keep it for good whenever its
+runs beat the model's word for it. The bounds on the scale keep one disturbed run
+from ruling a mode out for good when the model puts it far ahead.
 """
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -87,6 +88,17 @@ OUTPACE = 1.25
 # 0.65-0.69x (doom_battle) and 0.50-0.82x (doom_defend_the_center) of the learner
 # on one thread.
 IDLE_ACTOR_CORES = 0.25
+# How close to the best prediction a layout of an inference mode that no run here
+# has measured must come to be run once, when runs have measured the other mode.
+# The model's error differs between the modes by more than its ties: on this
+# project's Intel Xeon (family 6 model 207) doom_battle's local layouts trained at
+# 1.16-1.31x their predictions where the policy workers' trained at 0.83-1.19x
+# (benchmarks/README.md, thirty-eighth and forty-fifth sessions), and a first run
+# whose profile ranked a policy worker 4% ahead kept it run after run, each
+# measuring only itself, at ~3,700-4,100 env frames/s where 2 x 32 local trains
+# ~5,100. One run of the other mode costs at most this much once; never trying
+# it can cost more in every run after.
+UNTRIED_MARGIN = 0.15
 
 
 @dataclass
@@ -326,8 +338,8 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
 
 def scaled(predicted: dict, scale: float) -> dict:
     """`predicted` (as `predict` returns it) with the trained rate at `scale` of the
-    model's, as earlier runs of its inference mode measured it here
-    (fastrl.tuning.layout_memory); the model's own rate kept beside it."""
+    model's, as earlier runs measured it here (fastrl.tuning.layout_memory); the
+    model's own rate kept beside it."""
     return {**predicted, "trained_steps_per_s": predicted["trained_steps_per_s"] * scale,
             "model_trained_steps_per_s": predicted["trained_steps_per_s"], "measured_scale": scale}
 
@@ -335,7 +347,13 @@ def scaled(predicted: dict, scale: float) -> dict:
 def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> Plan:
     """The best layout for `cfg` on these costs. Options in `explicit` (set by the
     user) are kept as they are; lag must stay within cfg.max_policy_lag. `scales`:
-    {inference mode: factor} for the modes whose runs measured the model wrong."""
+    {inference mode: factor} for the modes whose runs measured the model wrong.
+
+    A mode missing from a non-empty `scales` takes the median of the others (the
+    profile's own errors, such as an env step timed beside engines that were
+    starting, weigh on every mode), and if its best layout then comes within
+    UNTRIED_MARGIN of the best it is chosen, to be measured: its plan says so
+    (`predicted["untried"]`)."""
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
@@ -346,6 +364,7 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
     inference_options = (["policy_worker"] if explicit & {"num_policy_workers", "inference_batch_wait_ms"}
                          else ["local", "policy_worker"])
     candidates = []
+    borrowed = statistics.median(scales.values()) if scales else 1.0
     max_workers = max(1, 2 * costs.cores)
     for inference in allowed("inference", inference_options):
         for workers in allowed("num_workers", list(range(1, max_workers + 1))):
@@ -371,8 +390,10 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
                                 costs, p, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
                                 policies, agents, cfg.max_batches_ahead):
                             continue
-                        if scales and inference in scales:
-                            p = scaled(p, scales[inference])
+                        if scales:
+                            p = scaled(p, scales.get(inference, borrowed))
+                            if inference not in scales:
+                                p["untried"] = True
                         candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
     if not candidates:
         raise ValueError(
@@ -411,6 +432,11 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
                 c.predicted["lag_max_learner_steps"], -c.predicted["trained_steps_per_s"])
 
     c = min(good, key=preference)
+    untried = [x for x in candidates if x.predicted.get("untried")]
+    if untried and not c.predicted.get("untried"):
+        top = max(x.predicted["trained_steps_per_s"] for x in untried)
+        if top >= (1 - UNTRIED_MARGIN) * best:
+            c = min((x for x in untried if x.predicted["trained_steps_per_s"] >= (1 - TIE) * top), key=preference)
     # The pool a run of this layout gets by default (Config.total_buffers), unless the user set one.
     buffers = cfg.num_buffers if "num_buffers" in explicit else dataclasses.replace(
         cfg, num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference, num_buffers=0).total_buffers
@@ -437,7 +463,11 @@ def describe(plan: Plan, frameskip: int) -> str:
         cores += f", GPU {p['gpu_steps_per_s'] * frameskip:,.0f}"
     model = (f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
              f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, {cores}; {p['bottleneck']}-bound)")
-    if "measured_scale" in p:
+    if p.get("untried"):
+        model = (f": the model's {p['model_trained_steps_per_s'] * frameskip:,.0f} {model} at "
+                 f"{p['measured_scale']:.2f}x, as earlier runs of the other inference mode trained here (none here "
+                 f"has measured {plan.inference} inference yet);")
+    elif "measured_scale" in p:
         model = (f": the model's {p['model_trained_steps_per_s'] * frameskip:,.0f} {model} at "
                  f"{p['measured_scale']:.2f}x, as earlier runs with {plan.inference} inference trained here;")
     else:
