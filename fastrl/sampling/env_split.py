@@ -130,8 +130,8 @@ class SplitEnvs:
         self._max_failures = max_consecutive_failures
         self.n = len(seeds)
         self.envs = list(envs)
-        self.episode_return = np.zeros(self.n)
-        self.episode_length = np.zeros(self.n, dtype=np.int64)
+        self.episode_return = [0.0] * self.n
+        self.episode_length = [0] * self.n
         self._last_obs = [None] * self.n
         self._failures = [0] * self.n
         self._resets = [0] * self.n
@@ -255,11 +255,14 @@ class SplitEnvs:
         [buf, t+1]."""
         v = self._v
         actions = v["actions"][buf, t]
-        rewards, terminated, truncated = v["rewards"][buf, t], v["terminated"][buf, t], v["truncated"][buf, t]
-        starts = v["episode_start"][buf, t + 1]
+        # Gathered in lists and written as rows after the loop: a numpy element write
+        # costs ~0.3 us, a numpy scalar's += ~1 us, and these are ~8 of them per env
+        # step.
+        n = self.n
+        rewards, terminated, truncated, starts = [0.0] * n, [False] * n, [False] * n, [False] * n
         to_env = self._action_spec.to_env
         two_halves = self._two_halves
-        for i in range(self.n):
+        for i in range(n):
             try:
                 if two_halves:
                     obs, r, term, trunc, info = self.envs[i].step_receive()
@@ -273,6 +276,7 @@ class SplitEnvs:
                 # The episode is cut where the env died: bootstrap from the last good obs.
                 self._recreate(i, traceback.format_exc())
                 obs, r, term, trunc, info = self._last_obs[i], 0.0, False, True, {}
+            r = float(r)
             self.episode_length[i] += 1
             self.episode_return[i] += r
             rewards[i] = r
@@ -285,16 +289,19 @@ class SplitEnvs:
                 if self._cut_in[i]:
                     self._cut_in[i] = False
                 else:
-                    self.finished.append((float(self.episode_return[i]), int(self.episode_length[i]),
+                    self.finished.append((self.episode_return[i], self.episode_length[i],
                                           float(objective)))
                 self.episode_return[i] = 0.0
                 self.episode_length[i] = 0
                 obs = self._reset_env(i)
                 starts[i] = True
             else:
-                starts[i] = False
                 self._last_obs[i] = obs
             self._write_obs(v["obs"], (buf, t + 1, i), obs)
+        v["rewards"][buf, t] = rewards
+        v["terminated"][buf, t] = terminated
+        v["truncated"][buf, t] = truncated
+        v["episode_start"][buf, t + 1] = starts
 
     def drain_finished(self) -> list:
         done, self.finished = self.finished, []
