@@ -92,12 +92,12 @@ IDLE_ACTOR_CORES = 0.25
 # has measured must come to be run once, when runs have measured the other mode.
 # The model's error differs between the modes by more than its ties: on this
 # project's Intel Xeon (family 6 model 207) doom_battle's local layouts trained at
-# 1.16-1.31x their predictions where the policy workers' trained at 0.83-1.19x
+# 1.16-1.31x their predictions where the policy workers' trained at 0.74-1.19x
 # (benchmarks/README.md, thirty-eighth and forty-fifth sessions), and a first run
 # whose profile ranked a policy worker 4% ahead kept it run after run, each
 # measuring only itself, at ~3,700-4,100 env frames/s where 2 x 32 local trains
-# ~5,100. One run of the other mode costs at most this much once; never trying
-# it can cost more in every run after.
+# ~5,000. One run of the other mode costs about this much once; never trying it
+# can cost more in every run after.
 UNTRIED_MARGIN = 0.15
 
 
