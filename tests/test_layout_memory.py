@@ -65,8 +65,9 @@ def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured):
 
 
 def test_a_mode_the_model_puts_far_behind_is_not_tried():
-    # 2 x 32 local predicted ~35% behind policy workers (an env step as cheap as a
-    # forward at 64 is dear): one run of policy workers does not make it worth a try.
+    # A cheap env step and a forward at 32 four times dearer a sample than at 64: 2 x
+    # 32 local predicted ~22% behind policy workers, which batch 64. One run of policy
+    # workers does not make local worth a try.
     costs = dataclasses.replace(BATTLE, env_s=150e-6, forward_s={4: 2e-3, 16: 1.5e-3, 32: 1.2e-3, 64: 3e-4, 128: 2e-4})
     first = choose(costs, battle(), explicit=set())
     local = choose(costs, dataclasses.replace(battle(), inference="local"), explicit={"inference"})
