@@ -463,13 +463,11 @@ def describe(plan: Plan, frameskip: int) -> str:
         cores += f", GPU {p['gpu_steps_per_s'] * frameskip:,.0f}"
     model = (f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
              f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, {cores}; {p['bottleneck']}-bound)")
-    if p.get("untried"):
+    if "measured_scale" in p:
+        runs = (f"earlier runs of the other inference mode trained here (none here has measured {plan.inference} "
+                "inference yet)" if p.get("untried") else f"earlier runs with {plan.inference} inference trained here")
         model = (f": the model's {p['model_trained_steps_per_s'] * frameskip:,.0f} {model} at "
-                 f"{p['measured_scale']:.2f}x, as earlier runs of the other inference mode trained here (none here "
-                 f"has measured {plan.inference} inference yet);")
-    elif "measured_scale" in p:
-        model = (f": the model's {p['model_trained_steps_per_s'] * frameskip:,.0f} {model} at "
-                 f"{p['measured_scale']:.2f}x, as earlier runs with {plan.inference} inference trained here;")
+                 f"{p['measured_scale']:.2f}x, as {runs};")
     else:
         model = f" {model},"
     return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; "
