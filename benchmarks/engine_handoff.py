@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import time
@@ -50,7 +51,9 @@ def measure(env_name: str, envs: int, steps: int, same_core: bool, results) -> N
     from fastrl.envs.registry import get_spec
 
     spec = get_spec(env_name)
-    games = [spec.make() for _ in range(envs)]
+    # No engine replaced after its 20th episode: the window sums the CPU of the engine
+    # processes alive at its start, and a replaced one would take its share with it.
+    games = [spec.make(doom_engine_recycle_episodes=0) for _ in range(envs)]
     for i, game in enumerate(games):
         game.reset(seed=i)
 
@@ -65,16 +68,37 @@ def measure(env_name: str, envs: int, steps: int, same_core: bool, results) -> N
         step_all(max(1, 200 // envs))  # the engines' first steps load their caches
         me = psutil.Process()
         engines = _engines(me)
+        if len(engines) != envs:
+            raise SystemExit(f"engine_handoff.py: found {len(engines)} ViZDoom engine processes for {envs} envs; "
+                             f"is {env_name} a single-player Doom env?")
         rounds = max(1, steps // envs)
         engines0, own0, start = [_cpu(p) for p in engines], _cpu(me), time.perf_counter()
         step_all(rounds)
-        wall, own1, engines1 = time.perf_counter() - start, _cpu(me), [_cpu(p) for p in engines]
+        wall, own1 = time.perf_counter() - start, _cpu(me)
+        try:
+            engines1 = [_cpu(p) for p in engines]
+        except psutil.NoSuchProcess:
+            raise SystemExit(f"engine_handoff.py: an engine exited during the {envs}-env window (a crash the env "
+                             "recovered from); run it again.") from None
         n = rounds * envs
         engine_s = sum(sum(b) - sum(a) for a, b in zip(engines0, engines1))
-        results.put((wall / n, engine_s / n, (own1[0] - own0[0]) / n, (own1[1] - own0[1]) / n, len(engines)))
+        results.put((wall / n, engine_s / n, (own1[0] - own0[0]) / n, (own1[1] - own0[1]) / n))
     finally:
         for game in games:
             game.close()
+
+
+def _result(child, results, what: str) -> tuple:
+    """The measuring process's result, or a clear exit when it died without one."""
+    while True:
+        try:
+            found = results.get(timeout=1.0)
+            child.join()
+            return found
+        except queue.Empty:
+            if not child.is_alive():
+                raise SystemExit(f"engine_handoff.py: the measurement of {what} ended (exit code {child.exitcode}) "
+                                 "without a result; its error is printed above.") from None
 
 
 def main() -> int:
@@ -97,8 +121,7 @@ def main() -> int:
                 results = ctx.Queue()
                 child = ctx.Process(target=measure, args=(args.env, n, args.steps, placement == "same core", results))
                 child.start()
-                timed[(placement, n)].append(results.get(timeout=600))
-                child.join()
+                timed[(placement, n)].append(_result(child, results, f"{n} envs, {placement}"))
     print("us per agent step:")
     for (placement, n), rows in timed.items():
         wall, engines, user, system = (statistics.median(r[i] for r in rows) * 1e6 for i in range(4))
