@@ -108,6 +108,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3000, help="agent steps timed per measurement")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every placement and count; medians reported")
     args = parser.parse_args()
+    if min(args.envs) < 1 or args.steps < 1 or args.rounds < 1:
+        parser.error("--envs, --steps and --rounds take counts of 1 or more")
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("engine_handoff.py: this process may use one core only, so both placements are the same; "
                          "run it where two or more cores are allowed (check taskset).")
