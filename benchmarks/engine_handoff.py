@@ -35,7 +35,9 @@ PLACEMENTS = ("same core", "free")
 
 def _engines(me: psutil.Process) -> list:
     """This process's ViZDoom engines (its env reapers are children too)."""
-    return [p for p in me.children(recursive=True) if os.path.basename((p.cmdline() or [""])[0]) == "vizdoom"]
+    from fastrl.envs.doom.engine_files import ENGINE  # the name the engines run under
+
+    return [p for p in me.children(recursive=True) if os.path.basename((p.cmdline() or [""])[0]) == ENGINE]
 
 
 def _cpu(proc: psutil.Process) -> tuple:
