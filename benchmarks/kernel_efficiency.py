@@ -7,13 +7,13 @@ For the model fastrl builds for --env (its conv stack, FC and GRU), this times o
 one thread, channels-last as the model runs them, each layer's kernels at the
 learner's minibatch (T+1 x B frames) and at an actor's forward (--forward_batch
 rows): a conv's forward, the gradient of its input (not the first conv's: frames
-take none) and of its weights; the FC's and the GRU's input projection the same
-way; the GRU's hidden projection as the learner's unroll runs it, T+1 products of B
-rows. Each line is the median of --rounds calls, in GFLOP/s (2 x multiply-adds a
-second) and as a share of the core's practical peak: a 2,048-square product in
-the same precision, timed the same way. The learner's tensors come from the
-allocator a run's learner uses (a fresh 100-MB tensor from the system costs its
-page faults, which a run never pays).
+take none) and of its weights; the FC's and the GRU's input projection the same way;
+the GRU's hidden projection as the learner's unroll runs it (T+1 products of B rows
+forward and as many back, its weight gradient in one product). Each line is the
+median of --rounds calls, in GFLOP/s (2 x multiply-adds a second) and as a share of
+the core's practical peak: a 2,048-square product in the same precision, timed the
+same way. The learner's tensors come from the allocator a run's learner uses (a
+fresh 100-MB tensor from the system costs its page faults, which a run never pays).
 
 What it answers: how much a step could still gain from faster kernels. A kernel
 near the peak has little left; the rows are the model's fixed work, so the
