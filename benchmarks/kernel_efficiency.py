@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, List, NamedTuple
+from typing import Callable, List, NamedTuple, Tuple
 
 import torch
 import torch.nn as nn
@@ -69,9 +69,10 @@ def peak_rate(dtype: torch.dtype, rounds: int) -> float:
 
 
 def conv_kernels(conv: nn.Conv2d, frames: int, in_hw, first: bool, learner: bool, dtype: torch.dtype,
-                 tag: str) -> List[Kernel]:
+                 tag: str) -> Tuple[List[Kernel], Tuple[int, ...]]:
     """The forward of one conv at `frames`, and for the learner its input gradient
-    (unless first) and weight gradient."""
+    (unless first) and weight gradient; and the output's height and width, the next
+    conv's input."""
     cl = torch.channels_last
     x = torch.randn(frames, conv.in_channels, *in_hw, dtype=dtype).contiguous(memory_format=cl)
     w = conv.weight.detach().to(dtype).contiguous(memory_format=cl)
@@ -81,13 +82,13 @@ def conv_kernels(conv: nn.Conv2d, frames: int, in_hw, first: bool, learner: bool
     args = (conv.stride, conv.padding, conv.dilation, False, (0, 0), 1)
     kernels = [Kernel(f"{tag} forward", 2 * macs, lambda: F.conv2d(x, w, stride=conv.stride))]
     if not learner:
-        return kernels
+        return kernels, tuple(y.shape[2:])
     if not first:
         kernels.append(Kernel(f"{tag} input grad", 2 * macs, lambda: torch.ops.aten.convolution_backward(
             g, x, w, None, *args, (True, False, False))))
     kernels.append(Kernel(f"{tag} weight grad", 2 * macs, lambda: torch.ops.aten.convolution_backward(
         g, x, w, None, *args, (False, True, False))))
-    return kernels
+    return kernels, tuple(y.shape[2:])
 
 
 def linear_kernels(weight: torch.Tensor, rows: int, learner: bool, dtype: torch.dtype, tag: str) -> List[Kernel]:
@@ -110,8 +111,8 @@ def model_kernels(model, frames: int, steps: int, learner: bool, dtype: torch.dt
     hw = tuple(model.layout[model.obs_keys[0]][0][1:])
     kernels = []
     for i, conv in enumerate(convs):
-        kernels += conv_kernels(conv, frames, hw, i == 0, learner, dtype, f"{tag} conv{i + 1}")
-        hw = tuple((d - k) // s + 1 for d, k, s in zip(hw, conv.kernel_size, conv.stride))
+        layer, hw = conv_kernels(conv, frames, hw, i == 0, learner, dtype, f"{tag} conv{i + 1}")
+        kernels += layer
     kernels += linear_kernels(encoder.fc[0].weight, frames, learner, dtype, f"{tag} fc")
     if model.core is not None:
         kernels += linear_kernels(model.core.weight_ih, frames, learner, dtype, f"{tag} gru input")
