@@ -1,26 +1,13 @@
-"""The actor-critic network and the observation layout it shares with the plumbing.
+"""The actor-critic network and the observation layout it shares with the buffers.
 
-Observations always travel as a dict {key: tensor}: a plain Box or Discrete space is
-the single key "obs", a gymnasium Dict space keeps its own keys. `obs_layout` fixes
-each key's per-sample shape and storage dtype once, so shared-memory buffers can be
-allocated before any env runs; `obs_to_tensors` converts one raw env observation to
-that layout on the rollout worker's hot path.
+Observations travel as {key: tensor} ("obs" for a plain space, a Dict's own keys);
+`obs_layout` fixes each key's shape and storage dtype so shared memory can be
+allocated before any env runs. Images stay uint8 until inside the model: a quarter
+of float32's memory and copy bandwidth.
 
-Images are stored as uint8 [C, H, W] and only become float inside the model: a
-quarter of the shared memory and copy bandwidth of float32, which matters more than
-the cost of one conversion inside the batched forward pass.
-
-Two entry points serve the two callers. `act` is one inference step for a policy
-worker. `evaluate` is the learner's unroll over a [T+1, B] trajectory; without an RNN
-it flattens time into the batch, with one it runs the encoders batched and loops only
-the GRU cell over time (its input projection batched over all steps, the loop in
-`gru_sequence`, which differentiates it by hand), resetting the state where an
-episode begins. Inference and learner unroll share `_encode` and the GRU's
-arithmetic (`gru_step`'s), so they agree (and the tests check that they do).
-
-`build_model` makes the network a run's config asks for, in the arithmetic its
-caller's role was given (`Precision`, which fastrl.tuning.precision decides);
-`resolve_device` decides `--device auto`.
+`act` is one inference step; `evaluate` is the learner's unroll over [T+1, B], the
+encoders batched over all steps and only the GRU looped (`gru_sequence`). Both share
+`_encode` and `gru_step`, so acting and learning compute the same numbers.
 """
 
 import copy
@@ -70,13 +57,8 @@ def _leaf_layout(key: str, space: gym.Space) -> Tuple[Tuple[int, ...], torch.dty
 
 
 def obs_layout(obs_space: gym.Space) -> ObsLayout:
-    """Per observation key, its per-sample shape and storage dtype.
-
-    Box -> key "obs"; Dict -> its own keys (each Box or Discrete); Discrete -> key
-    "obs" with shape () int64. Rank-3 uint8 Boxes are images stored uint8 [C, H, W];
-    every other Box is stored float32 in its own shape. Raises ValueError for other
-    spaces and for images that look channel-last.
-    """
+    """Per observation key, its per-sample (shape, storage dtype): rank-3 uint8 Boxes
+    are images kept uint8 [C, H, W], other Boxes float32, Discrete int64."""
     if isinstance(obs_space, gym.spaces.Dict):
         if not obs_space.spaces:
             raise ValueError("The observation Dict space is empty; give it at least one key.")
@@ -85,14 +67,8 @@ def obs_layout(obs_space: gym.Space) -> ObsLayout:
 
 
 def obs_zeros(lead: Tuple[int, ...], shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Zeros [*lead, *shape] laid out as the trainer stores observations.
-
-    Images ([C, H, W] uint8) are stored channels-last, [*lead, H, W, C] in memory
-    and seen as [*lead, C, H, W]: that is the layout oneDNN's convolutions run
-    fastest on (fwd+bwd at 1,056 samples: 31% faster in float32, 12% in bfloat16,
-    than a channel-first input), so the encoder never reorders a batch, and it
-    is the layout ViZDoom renders in, so a frame reaches the buffers in one copy.
-    """
+    """Zeros [*lead, *shape] in the trainer's storage layout: images channels-last in
+    memory (oneDNN's fastest conv layout, and ViZDoom's) but seen as [C, H, W]."""
     if dtype == torch.uint8 and len(shape) == 3:
         channels, height, width = shape
         return torch.zeros((*lead, height, width, channels), dtype=dtype).movedim(-1, -3)
@@ -102,39 +78,26 @@ def obs_zeros(lead: Tuple[int, ...], shape: Tuple[int, ...], dtype: torch.dtype)
 def _leaf_to_tensor(value, space: gym.Space) -> torch.Tensor:
     if isinstance(space, gym.spaces.Discrete):
         return torch.tensor(int(value), dtype=torch.int64)
-    # ascontiguousarray is free for the usual contiguous array of the right dtype and
-    # fixes negative strides (np.flip, ::-1), which torch.from_numpy refuses.
+    # ascontiguousarray fixes negative strides, which torch.from_numpy refuses.
     np_dtype = np.uint8 if _is_image(space) else np.float32
     return torch.from_numpy(np.ascontiguousarray(value, dtype=np_dtype)).view(space.shape)
 
 
 def obs_to_tensors(obs, obs_space: gym.Space) -> Dict[str, torch.Tensor]:
-    """Convert one env's raw observation to {key: tensor} in the `obs_layout` dtypes.
-
-    obs is a numpy array (Box), an int (Discrete) or a dict of those (Dict). The
-    tensors may share memory with `obs` when no conversion is needed, so copy them
-    (e.g. into shared memory) before the env reuses its buffers.
-    """
+    """One env's raw observation as {key: tensor} in `obs_layout` dtypes. The tensors
+    may share memory with `obs`: copy them before the env reuses its buffers."""
     if isinstance(obs_space, gym.spaces.Dict):
         return {key: _leaf_to_tensor(obs[key], sub) for key, sub in obs_space.spaces.items()}
     return {"obs": _leaf_to_tensor(obs, obs_space)}
 
 
 class RunningNorm(nn.Module):
-    """Running mean/variance of a feature vector, applied as a clipped z-score.
-
-    The statistics are float32 buffers, so they are saved in state_dict and carried
-    by flat_state to policy workers together with the weights that were trained on
-    them.
-    """
+    """Running mean/variance of a feature, applied as a clipped z-score. Kept as
+    buffers, so checkpoints and flat_state carry them with the weights."""
 
     def __init__(self, shape: Tuple[int, ...], channels_last: bool = False):
-        """shape: the feature's. channels_last: shape is an image's [C, H, W] whose frames
-        come channels-last, and the statistics are stored that way too: the z-score and
-        the update then walk the frames and the statistics in the same order. A
-        compiled forward needs it: inductor reads a graph input as it is stored, and
-        with [C, H, W] statistics it transposed the frames in tiles to meet them (the
-        compiled learner step 1.04x the time; benchmarks/README.md)."""
+        """channels_last: store an image's statistics in its frames' memory order, so a
+        compiled forward need not transpose the frames to meet them."""
         super().__init__()
         if channels_last and len(shape) != 3:
             raise ValueError(f"RunningNorm(channels_last=True) is for [C, H, W] images; got shape {shape}.")
@@ -151,28 +114,18 @@ class RunningNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
-        """Merge a batch x [..., *shape] into the statistics (parallel-variance formula).
-
-        reduce: sums a float64 tensor over the ranks of a multi-rank run, in place, so
-        that the batch merged is every rank's batch together (all of them then hold the
-        same statistics); each rank must call it, whether its own batch is empty or
-        not. The batch goes in as its count and the sums of x and x^2 taken about the
-        running mean: sums add up across ranks where means and variances do not, and
-        about a point near the mean the squares lose no precision to cancellation."""
+        """Merge a batch x [..., *shape] into the statistics. In a multi-rank run
+        `reduce` sums the moments across ranks in place, and every rank must call it."""
         moments = self.moments(x)
         self.merge(reduce(moments) if reduce is not None else moments)
 
     @torch.no_grad()
     def moments(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch x [..., *shape] as `merge` takes it: float64 [count, sums of x and of
-        x^2 about the running mean], which add up across ranks."""
+        """x as float64 [count, sum of x - mean, sum of (x - mean)^2]: sums add up across
+        ranks, and about the mean the squares lose no precision."""
         x = x.reshape(-1, *self.mean.shape)
-        # Feature vectors are summed in float64: their values and row counts are
-        # anyone's. Image frames (uint8, at most IMAGE_NORM_ROWS a call) in float32:
-        # over 256 random frames the sums of deviations came within 0.014 of float64's
-        # (a pixel's mean within 1e-4 of a level) and the squares within 4e-7 of
-        # them, and doom_battle's update took 27-35 ms a learner step against 67-69
-        # (benchmarks/pixel_norm_layout.py, Intel Xeon, one thread).
+        # uint8 frames (at most IMAGE_NORM_ROWS) are summed in float32: accurate enough
+        # and faster (benchmarks/pixel_norm_layout.py).
         dtype = torch.float32 if x.dtype == torch.uint8 else torch.float64
         d = torch.sub(x, _laid_out_as(self.mean.to(dtype), x))
         d_sum = d.sum(dim=0).reshape(-1)
@@ -180,8 +133,7 @@ class RunningNorm(nn.Module):
 
     @torch.no_grad()
     def merge(self, moments: torch.Tensor) -> None:
-        """Merge a batch's `moments` (as `moments` gives them, or several ranks' summed)
-        into the statistics; before any other update, as they are taken about the mean."""
+        """Merge `moments` (one rank's, or all ranks' summed) before the mean moves."""
         moments = moments.double()
         shift = self.mean.double()
         n = float(moments[0])
@@ -200,21 +152,14 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise x [N, *shape] (any dtype: uint8 images come out float32) and clip
-        it to [-NORM_CLIP, NORM_CLIP]."""
-        # One new tensor and two in-place passes, the same numbers as the textbook
-        # expression (benchmarks/pixel_norm_layout.py).
+        """x [N, *shape] -> clipped z-score (float32 for uint8 images)."""
         mean, scale = _laid_out_as(self.mean, x), _laid_out_as(torch.rsqrt(self.var + NORM_EPS), x)
         return torch.sub(x, mean).mul_(scale).clamp_(-NORM_CLIP, NORM_CLIP)
 
 
 def _laid_out_as(stat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Per-pixel statistics [C, H, W] laid out for arithmetic with images x [N, C, H, W]
-    as x is (else stat itself); free when they already are. Against channels-last
-    frames, statistics in [C, H, W] order make the innermost loop stride across
-    memory: the z-score of a learner's batch of Doom frames took 40% of its step, 2x
-    its time laid out alike (4x on an actor's 32 frames; AMD EPYC, one thread), the
-    update of the statistics up to 1.4x."""
+    """Per-pixel statistics laid out in memory like the images x they meet, so the
+    elementwise loops walk both in order; other statistics unchanged."""
     if x.dim() == 4 and stat.dim() == 3:
         frames_last = x.is_contiguous(memory_format=torch.channels_last)
         return stat.unsqueeze(0).contiguous(
@@ -259,11 +204,8 @@ class DiscreteEncoder(nn.Module):
         return self.net(F.one_hot(x.long() - self.start, self.n).float())
 
 
-# The conv stacks an image encoder can have, (channels, kernel, stride) per layer.
-# fastrl's own ends wide and coarse (128 channels, stride 2: 4x4 cells on an 84x84
-# frame, 3x6 on Doom's 72x128), which Doom learns well with at less compute; the
-# Nature DQN stack ends narrower and finer (64 channels, stride 1: 7x7 cells), the
-# one Atari agents are usually given, Sample Factory's included.
+# Conv stacks, (channels, kernel, stride) per layer. fastrl's ends wide and coarse, which
+# Doom learns well with at less compute; "nature" is the usual Atari (Nature DQN) stack.
 CONV_STACKS = {
     "fastrl": ((32, 8, 4), (64, 4, 2), (128, 3, 2)),
     "nature": ((32, 8, 4), (64, 4, 2), (64, 3, 1)),
@@ -271,13 +213,10 @@ CONV_STACKS = {
 
 
 class ConvEncoder(nn.Module):
-    """uint8 image [C, H, W] -> /255 (or, with normalize, each pixel's running z-score)
-    -> a conv stack of CONV_STACKS (fastrl's: 32k8s4, 64k4s2, 128k3s2) -> FC 512, ELU (or ReLU) after each.
+    """uint8 image [C, H, W] -> /255 or per-pixel z-score -> conv stack -> FC 512.
 
-    With bf16=True the convolutions and the FC run under bfloat16 autocast on a
-    channels-last input (oneDNN's fast path for bf16 convolutions) and the features
-    come back as float32, so the GRU, the heads and the loss stay in float32. The
-    weights themselves stay float32: this only changes the arithmetic.
+    bf16 runs the convs and FC in bfloat16 on a channels-last input (oneDNN's fast
+    path); the weights stay float32 and the features come back float32.
     """
 
     def __init__(self, key: str, shape: Tuple[int, int, int], bf16: bool = False, normalize: bool = False,
@@ -288,10 +227,7 @@ class ConvEncoder(nn.Module):
         if activation not in ("elu", "relu"):
             raise ValueError(f"conv activation {activation!r} is unknown; use elu or relu.")
         self.bf16 = bf16
-        # Per-pixel running statistics (as Sample Factory's input normalisation does):
-        # the z-score of each pixel against its own history, so the static parts of
-        # the screen (HUD, walls seen from the spawn point) fade towards zero and the
-        # parts that change stand out, instead of a fixed /255.
+        # Per-pixel z-scores fade the static parts of the screen and make what changes stand out.
         self.norm = RunningNorm(tuple(shape), channels_last=True) if normalize else None
         channels, height, width = shape
         if min(height, width) < CONV_MIN_SIZE:
@@ -299,9 +235,8 @@ class ConvEncoder(nn.Module):
                 f"Image observation '{key}' of shape {shape} is too small for the conv "
                 f"encoder, which needs H and W >= {CONV_MIN_SIZE}; resize it in the env."
             )
-        # In-place ELUs: their backward then works from the output (grad * (out + 1)
-        # where negative) instead of recomputing exp of the input, and no second
-        # activation-sized tensor is allocated. The learner's step is ~9% faster.
+        # In-place activations: ELU's backward works from its output, with no second
+        # activation-sized tensor.
         act = ACTIVATIONS[activation]
         layers = []
         for out, kernel, stride in CONV_STACKS[stack]:
@@ -313,16 +248,13 @@ class ConvEncoder(nn.Module):
         self.out_dim = 512
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x uint8 [N, C, H, W] -> features [N, 512] float32. A channels-last x (as
-        obs_zeros lays out the trainer's buffers) skips a reorder."""
-        # Reordered while still uint8 (a quarter of float32's bytes to move); a
-        # no-op for the trainer's own buffers.
+        """x uint8 [N, C, H, W] -> features [N, 512] float32."""
+        # Reorder while still uint8; a no-op on the trainer's channels-last buffers.
         x = x.contiguous(memory_format=torch.channels_last)
         if not self.bf16:
             x = x.float().mul_(1.0 / 255.0) if self.norm is None else self.norm(x)
             return self.fc(self.conv(x))
-        # Straight to bfloat16, exact for 0..255: this input path took a third of
-        # the learner's time when it went through a float32 copy.
+        # Straight to bfloat16 (exact for 0..255), skipping a float32 copy.
         x = x.to(torch.bfloat16).mul_(1.0 / 255.0) if self.norm is None else self.norm(x).to(torch.bfloat16)
         if not torch.is_grad_enabled() and not self.training:
             return self._bf16_layers()(x).float()
@@ -331,18 +263,11 @@ class ConvEncoder(nn.Module):
         return features.float()
 
     def _bf16_layers(self) -> nn.Sequential:
-        """conv and fc with bfloat16 weights, for forwards without gradients.
-
-        Autocast recasts all 1.3M float32 weights on every call, ~6% of an
-        actor's 16-sample forward; these copies give the same numbers (the same casts,
-        done once) and are refreshed when a weight changed in place (a parameter
-        load) or moved. Kept out of the module's registry, so out of state_dict,
-        flat_state and .to(). Only a model in eval mode (an actor's) uses them: a
-        change is seen through the weights' version counters, which a fused
-        optimizer step does not move, so a learner's no-grad forward (the bootstrap
-        value of a truncated episode) read the first weights' copies all run, and a
-        pixel task whose every episode is cut by a time limit did not learn.
-        """
+        """conv and fc with bfloat16 weights, so an actor's forward does not recast
+        every weight each call. Kept outside the module (not in state_dict, not moved by
+        .to()) and refreshed when a weight's address or version changes. Eval mode
+        only: a fused optimizer step does not bump versions, so a learner would read
+        stale copies."""
         params = [*self.conv.parameters(), *self.fc.parameters()]
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self.__dict__.get("_bf16_key") == key:
@@ -351,8 +276,7 @@ class ConvEncoder(nn.Module):
         if layers is None or next(layers.parameters()).device != params[0].device:
             self.__dict__["_bf16_copy"] = copy.deepcopy(nn.Sequential(self.conv, self.fc)).to(torch.bfloat16)
         else:
-            # New values into the same tensors: a CUDA graph captured over these layers
-            # reads their weights from the addresses it saw (fastrl/cuda/graphs.py).
+            # Same tensors, new values: a captured CUDA graph reads the addresses it saw.
             with torch.no_grad():
                 for held, weight in zip(layers.parameters(), params):
                     held.copy_(weight)
@@ -361,12 +285,9 @@ class ConvEncoder(nn.Module):
 
 
 def gru_step(gi_t: torch.Tensor, h_tm1: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
-    """nn.GRUCell's update, given its input projection gi_t = x_t W_ih^T + b_ih.
-
-    gi_t [N, 3H] and the hidden projection split into PyTorch's gate order (reset r,
-    update z, new n); h_t = (h_tm1 - n) * z + n, the same operations in the same
-    order as torch's own cell, so the two agree to the last bit but for the GEMMs.
-    """
+    """nn.GRUCell's update given its input projection gi_t = x_t W_ih^T + b_ih, in
+    torch's gate and operation order, so it matches torch's cell bit for bit but for
+    the GEMMs."""
     if gi_t.shape[-1] != w_hh.shape[0] or h_tm1.shape[-1] * 3 != w_hh.shape[0]:
         raise ValueError(f"gru_step needs gi_t [N, 3H] and h_tm1 [N, H] for w_hh {tuple(w_hh.shape)}; "
                          f"got {tuple(gi_t.shape)} and {tuple(h_tm1.shape)}.")
@@ -388,49 +309,26 @@ class ActOutput(NamedTuple):
 
 
 class EvalOutput(NamedTuple):
-    """Learner unroll over T transitions plus the bootstrap step.
-
-    logp, entropy [T, B]; values [T+1, B]; core_out [T+1, B, F]; rnn_states
-    [T+1, B, H], the hidden state carried into each step before the episode-start
-    reset (so for an episode ending at step t, rnn_states[t+1] is its final state).
-    """
+    """Learner unroll: logp, entropy [T, B]; values [T+1, B]; core_out [T+1, B, F];
+    rnn_states [T+1, B, H], each step's incoming state before the episode-start reset."""
 
     logp: torch.Tensor
     entropy: torch.Tensor
     values: torch.Tensor
     core_out: torch.Tensor
     rnn_states: torch.Tensor
-    uniform_kl: Optional[torch.Tensor]  # [T, B] symmetric KL to the uniform policy, when asked for; else None
+    uniform_kl: Optional[torch.Tensor]  # [T, B] symmetric KL to uniform, when asked for
 
 
 class ActorCritic(nn.Module):
     """Encoders per observation key, an optional GRU core, policy and value heads.
 
-    Args:
-        obs_space: observation space (Box, Discrete, or Dict of those).
-        action_space: any space `ActionSpec.from_space` supports.
-        hidden_sizes: MLP widths for vector and discrete observations.
-        use_rnn: add a GRU core of `rnn_size` after the encoders.
-        activation: "tanh", "relu" or "elu" for the MLPs.
-        normalize_obs: keep running statistics of vector observations and of each
-            image pixel, and feed the clipped z-scores to the encoders; the learner
-            updates them via `update_normalizer`.
-        conv_bf16: run image encoders in bfloat16 (see ConvEncoder); worth it only
-            where it measures faster (fastrl.tuning.precision decides).
-        normalize_returns: keep running statistics of the value targets; the value
-            head then predicts normalised values and `value_scale()` maps them back.
-        separate_critic: give the value head its own feed-forward encoders instead of
-            sharing the policy's encoders and core. Sharing halves the compute (what
-            image models want); separate weights keep the value loss, whose scale
-            grows with the returns, from pulling on the policy's features (what small
-            vector-observation models learn faster with).
-        encoder_init_gain, policy_init_gain: orthogonal-init gains of the encoders'
-            conv and linear layers and of the policy head.
-        conv_stack: the image encoders' conv layers, a key of CONV_STACKS.
-        conv_activation: "elu" or "relu", after each of the image encoders' layers.
-
-    Attributes used by callers: `layout` (obs_layout of obs_space), `action_spec`,
-    `rnn_state_size` (0 without an RNN), `core_size` (width of core_out).
+    normalize_obs keeps running statistics of vector observations and image pixels
+    (the learner updates them via `update_normalizer`); normalize_returns has the
+    value head predict normalised values (`value_scale` maps them back).
+    separate_critic gives the value head its own encoders: more compute, but the
+    value loss no longer pulls on the policy's features, which small vector models
+    learn faster with.
     """
 
     def __init__(
@@ -476,24 +374,22 @@ class ActorCritic(nn.Module):
         self.policy_head = nn.Linear(self.core_size, self.action_spec.num_params)
         critic_features = sum(e.out_dim for e in self.critic_encoders) if separate_critic else self.core_size
         self.value_head = nn.Linear(critic_features, 1)
-        # Box policies: a state-independent log-std, started at 0 (std 1).
+        # Box policies: a state-independent log-std, starting at std 1.
         self.log_std = None
         if self.action_spec.is_continuous:
             self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
-        # Statistics of the value targets in return units, fed by the learner.
+        # Value-target statistics in return units, fed by the learner.
         self.return_norm = RunningNorm(()) if normalize_returns else None
         self._init_weights(encoder_init_gain, policy_init_gain)
 
     def value_scale(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std): the value head's output v stands for v * std + mean in return
-        units; (0, 1) without return normalisation."""
+        """(mean, std) that map the value head's output to return units."""
         if self.return_norm is None:
             return self.value_head.bias.new_zeros(()), self.value_head.bias.new_ones(())
         return self.return_norm.mean, torch.sqrt(self.return_norm.var + NORM_EPS)
 
     def _build_encoders(self, obs_space, hidden_sizes, activation, normalize_obs) -> nn.ModuleList:
-        # A ModuleList in layout order rather than a ModuleDict: Dict keys may hold
-        # characters (".") that module names cannot.
+        # A ModuleList, not a ModuleDict: Dict keys may hold "." which module names cannot.
         encoders = []
         for key, (shape, dtype) in self.layout.items():
             space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
@@ -507,10 +403,8 @@ class ActorCritic(nn.Module):
         return nn.ModuleList(encoders)
 
     def _init_weights(self, encoder_gain: float, policy_gain: float) -> None:
-        # Orthogonal init keeps activations' scale through depth; the default tiny
-        # policy-head gain starts the policy near uniform (or near mean 0) so early
-        # exploration does not depend on the random init. The GRU keeps PyTorch's
-        # default init.
+        # Orthogonal init keeps activation scale through depth; a small policy gain
+        # starts the policy near uniform. The GRU keeps torch's default init.
         encoder_modules = list(self.encoders.modules())
         if self.critic_encoders is not None:
             encoder_modules += list(self.critic_encoders.modules())
@@ -562,21 +456,15 @@ class ActorCritic(nn.Module):
         return self.action_spec.distribution(self.policy_head(core_out), self.log_std)
 
     def refresh_acting_copies(self) -> None:
-        """Bring the bf16 encoders' weight copies for acting up to the weights now, in
-        place. A forward does this itself when it sees new weights, but a CUDA graph's
-        replay runs no Python: whoever replays one calls this after each reload."""
+        """Refresh the bf16 acting copies in place. A CUDA graph replay runs no Python,
+        so whoever replays one calls this after each weight reload."""
         for encoder in [*self.encoders, *(self.critic_encoders or [])]:
             if isinstance(encoder, ConvEncoder) and encoder.bf16:
                 encoder._bf16_layers()
 
     def act(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor, deterministic: bool = False) -> ActOutput:
-        """One inference step for a batch of B envs.
-
-        obs: {key: [B, *shape]} in obs_layout dtypes; rnn_state: [B, rnn_state_size]
-        (the caller zeroes the rows of envs that just started an episode). With
-        deterministic=True the action is the distribution's mode. Call under
-        torch.no_grad().
-        """
+        """One inference step for B envs; the caller zeroes the rnn_state rows of new
+        episodes. Call under torch.no_grad()."""
         self._check_inputs(obs, rnn_state)
         core_out, rnn_state = self._core_step(self._encode(obs), rnn_state)
         dist = self._distribution(core_out)
@@ -592,17 +480,9 @@ class ActorCritic(nn.Module):
         actions: torch.Tensor,
         uniform_kl: bool = False,
     ) -> EvalOutput:
-        """Re-run the policy over a trajectory batch for the loss.
-
-        obs_seq: {key: [T+1, B, *shape]}, T transitions plus the bootstrap obs.
-        rnn_state0: [B, H], the state before step 0.
-        episode_start: [T+1, B], 1 (or True) where an episode begins; the GRU state
-            is zeroed before processing that step.
-        actions: [T, B, action_dim] taken at the first T steps.
-        uniform_kl: also return each step's symmetric KL to the uniform policy (the
-            `symmetric_kl` exploration term; discrete actions only). Off, the loss
-            that does not use it builds none of it.
-        """
+        """Re-run the policy over obs_seq {key: [T+1, B, *shape]} (T steps plus the
+        bootstrap) from rnn_state0 [B, H], zeroing the state where episode_start [T+1, B]
+        is set. uniform_kl also returns each step's symmetric KL to uniform."""
         self._check_inputs(obs_seq, rnn_state0)
         if episode_start.dim() != 2:
             raise ValueError(f"episode_start must be [T+1, B], got {tuple(episode_start.shape)}.")
@@ -616,25 +496,21 @@ class ActorCritic(nn.Module):
                 f"and {tuple(rnn_state0.shape)}."
             )
 
-        # Encoders always run on the whole [(T+1)*B] batch: they hold almost all the
-        # compute, and only the GRU's time dependency needs a loop.
+        # Encoders (almost all the compute) run on all (T+1)*B rows; only the GRU loops.
         obs_flat = {key: value.flatten(0, 1) for key, value in obs_seq.items()}
         x = self._encode(obs_flat)
         if self.core is None:
             core_flat = x
             rnn_states = x.new_zeros(steps, batch, 0)
         else:
-            # The input half of every step in one GEMM over all T+1 steps, instead of
-            # T+1 small ones (and one for its gradient): only the hidden half needs
-            # the previous step.
+            # The input projection of all steps in one GEMM; only the hidden half is sequential.
             gi = self._gru_input(x).view(steps, batch, -1)
             keep = (1.0 - episode_start.to(x.dtype)).unsqueeze(-1)
             outputs, rnn_states = gru_sequence(gi, rnn_state0, keep, self.core.weight_hh, self.core.bias_hh)
             core_flat = outputs.flatten(0, 1)
 
         values = self._values(obs_flat, core_flat).view(steps, batch)
-        # Rows are time-major, so the first T*B rows are the T acting steps; the
-        # bootstrap step needs only its value.
+        # Time-major rows: the first T*B are the acting steps; the bootstrap needs a value only.
         dist = self._distribution(core_flat[: horizon * batch])
         flat_actions = actions.reshape(horizon * batch, -1)
         logp = dist.log_prob(flat_actions).view(horizon, batch)
@@ -643,10 +519,8 @@ class ActorCritic(nn.Module):
         return EvalOutput(logp, entropy, values, core_flat.view(steps, batch, -1), rnn_states, kl_t)
 
     def evaluate_samples(self, obs: Dict[str, torch.Tensor], actions: torch.Tensor, uniform_kl: bool = False):
-        """`evaluate` for single samples of a feed-forward model, in no order:
-        obs {key: [N, *shape]} and actions [N, action_dim] -> (logp, entropy, values,
-        uniform_kl or None), each [N]. A GRU's state depends on the steps before, so a
-        recurrent model has only `evaluate`."""
+        """`evaluate` for unordered samples of a feed-forward model: (logp, entropy,
+        values, uniform_kl or None), each [N]."""
         if self.core is not None:
             raise ValueError("evaluate_samples needs a model without a GRU core; a recurrent model "
                              "re-runs whole trajectories with evaluate().")
@@ -659,11 +533,8 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions), dist.entropy(), self._values(obs, x), kl
 
     def values_with_state(self, obs: Dict[str, torch.Tensor], rnn_state: torch.Tensor) -> torch.Tensor:
-        """Values [N] of extra observations {key: [N, *shape]} given their states [N, H].
-
-        For time-limit-truncated episodes the learner passes the final observation
-        with the matching row of EvalOutput.rnn_states.
-        """
+        """Values [N] of observations given their GRU states: the bootstrap of
+        time-limit-truncated episodes."""
         self._check_inputs(obs, rnn_state)
         if self.critic_encoders is not None:
             return self._values(obs, None)
@@ -672,19 +543,9 @@ class ActorCritic(nn.Module):
 
     def update_normalizer(self, obs: Dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None,
                           reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
-        """Fold a batch {key: [*lead, *shape]} into the running observation statistics.
-
-        keep: bool [*lead], the samples to fold in (all of them when None).
-        reduce: the ranks' sum, as RunningNorm.update takes it.
-
-        Vector keys and images are normalised (discrete keys are one-hot encoded and
-        are not); a model built without normalize_obs ignores the call, so the learner
-        can call it unconditionally. Images contribute at most IMAGE_NORM_ROWS random
-        kept frames a call: per-pixel statistics of a whole 1,024-frame batch would
-        cost a float64 copy of ~230 MB per learner step, and a few hundred frames a
-        step still see millions of frames an hour. The frames are picked before
-        anything is copied, so only those few hundred leave the batch.
-        """
+        """Fold a batch {key: [*lead, *shape]} (the rows where keep) into the observation
+        statistics; a no-op without normalize_obs. Images contribute at most
+        IMAGE_NORM_ROWS random frames, picked before any copy, to keep the cost small."""
         encoders = list(zip(self.obs_keys, self.encoders))
         if self.critic_encoders is not None:
             encoders += list(zip(self.obs_keys, self.critic_encoders))
@@ -705,9 +566,8 @@ class ActorCritic(nn.Module):
 
 
 def _float_tensors(model: nn.Module) -> List[torch.Tensor]:
-    # state_dict order is registration order: identical for two models built from the
-    # same config, which is all the flat layout relies on. Integer buffers (none
-    # here today) would not survive a float32 round trip, so they are left out.
+    # Registration order, the same for two models of one config. Integer buffers would
+    # not survive float32, so they are left out.
     return [t for t in model.state_dict().values() if t.is_floating_point()]
 
 
@@ -749,29 +609,20 @@ def resolve_device(cfg) -> str:
 
 
 def native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX). Where it
-    does not, oneDNN emulates bf16, slower than fp32, so bf16 is not even worth
-    timing; where it does, bf16 may still be slower (fastrl.tuning.precision)."""
-    # Private torch helpers: a torch without them counts as no native bf16.
+    """Whether this CPU has native bfloat16 (AVX512-BF16 or AMX); without it bf16 is
+    emulated and not worth timing."""
     return any(getattr(torch.cpu, probe, lambda: False)()
                for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
 def has_images(obs_space: gym.Space) -> bool:
-    """Whether the model of `obs_space` has an image encoder, the only part that
-    --precision changes."""
+    """Whether the model has an image encoder, the only part --precision changes."""
     return any(dtype == torch.uint8 for _, dtype in obs_layout(obs_space).values())
 
 
 class Precision(NamedTuple):
-    """The arithmetic of the image encoders, "fp32" or "bf16", for each role, and
-    why it was chosen (printed at start-up).
-
-    Acting and learning choose apart: an actor's forward on a few samples and the
-    learner's forward and backward on a thousand run different kernels, and bf16
-    can win the one and lose the other on the same CPU. Every process of a run gets
-    it through SharedContext, decided once in the runner before any child starts.
-    """
+    """Image-encoder arithmetic ("fp32" or "bf16") per role, and why. Acting and
+    learning choose apart: small and large batches run different kernels."""
 
     acting: str
     learning: str
@@ -784,10 +635,8 @@ class Precision(NamedTuple):
 
 
 def build_model(cfg, obs_space, action_space, precision: str = "fp32") -> ActorCritic:
-    """The network of `cfg`, its image encoders computing in `precision` ("fp32" or
-    "bf16": one role's choice from a Precision). The arithmetic changes no weight,
-    so a model built only for its weights (the runner's first parameters, a
-    checkpoint's tests) can keep the default."""
+    """The network of `cfg`, its image encoders in `precision` (one role's choice).
+    Precision changes no weight, so a model built for its weights keeps the default."""
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"build_model takes precision fp32 or bf16, not {precision!r}; "
                          "resolve --precision auto first (fastrl.tuning.precision).")
