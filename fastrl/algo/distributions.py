@@ -1,31 +1,13 @@
-"""Action spaces as policy-head layouts and the distributions built on them.
+"""Action spaces as policy-head layouts, storage and distributions.
 
-`ActionSpec.from_space` turns a gymnasium action space into everything the rest of
-the trainer needs to know about actions: how many numbers the policy head emits,
-how actions are stored (a tensor [B, action_dim] of one dtype, so shared-memory
-buffers need no per-space layout), the distribution over them, and the conversion of
-one stored row back into what `env.step` expects.
+Actions are stored as one tensor [B, action_dim] of one dtype, so buffers need no
+per-space layout: discrete ones zero-based (`to_env` adds the space's start),
+continuous ones unclipped as sampled, so their log-probabilities stay exact.
 
-Discrete actions are stored zero-based (index into the space's `n` values); `to_env`
-adds the space's `start`. Continuous actions are stored unclipped, exactly as
-sampled, so their log-probabilities stay exact; `to_env` clips them to the bounds.
-
-The categorical product does not use `torch.distributions`: it builds one
-`log_softmax` per run of consecutive equal-sized components, on a [B, count, size]
-view, and samples, gathers and sums on those tensors directly. Measured with timeit
-(1 thread, sample + log_prob + entropy, busy shared 2-core machine):
-
-    sizes                 B     this module   Categorical per component
-    [3, 3, 2, 5, 9]       32      ~240 us        ~630 us
-    [3, 3, 2, 5, 9]     4096      ~4.3 ms        ~6.6 ms
-    [3] * 8               32      ~130 us       ~1040 us
-    [18]                  32       ~80 us        ~190 us
-
-torch.distributions pays per-component constructor and validation overhead, which
-dominates at inference batch sizes. Padding every component to the widest one (a
-single log_softmax) was faster at B=32 but 2x slower at B=4096, where the learner
-lives; runs of equal sizes give one op for Discrete and equal-sized MultiDiscrete
-and one per size change otherwise.
+The categorical product skips torch.distributions, whose per-component construction
+and validation dominate at inference batch sizes: it takes one log_softmax per run
+of equal-sized components. Padding all components to the widest is slower at
+learner batch sizes.
 """
 
 import math
@@ -39,19 +21,15 @@ import torch.nn.functional as F
 
 SUPPORTED_SPACES = "Discrete, MultiDiscrete, Tuple of Discrete, Box"
 
-# Keeps exp(log_std) away from 0 (log_prob blows up) and from huge values (samples
-# far outside any sane bounds). The clamp only bites on a degenerate optimiser run.
+# Keeps std away from 0 (log_prob blows up) and from huge values; bites only when
+# optimisation has gone wrong.
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 class CategoricalProduct:
-    """Independent categoricals over the columns of an int64 action tensor.
-
-    logits: [B, sum(sizes)], the components' logits side by side.
-    runs: (count, size) pairs, consecutive components sharing a size, whose
-    log_softmax is computed in one op on a [B, count, size] view.
-    """
+    """Independent categoricals over the columns of an int64 action tensor; logits
+    [B, sum(sizes)], with `runs` (count, size) of consecutive equal-sized components."""
 
     def __init__(self, logits: torch.Tensor, runs: Sequence[Tuple[int, int]]):
         batch = logits.shape[0]
@@ -63,16 +41,9 @@ class CategoricalProduct:
         self._counts = [count for count, _ in runs]
 
     def sample(self) -> torch.Tensor:
-        """Random actions, int64 [B, num_components].
-
-        By inverse CDF: one uniform draw per component, and the action is the number
-        of cumulative probabilities below it. torch.multinomial would do the same
-        work, but it checks its input on the host (`.item()`), which a CUDA graph
-        cannot record (fastrl/cuda/graphs.py); this draws from the same distribution
-        with device work only. An action of probability 0 adds nothing to the
-        cumulative sum, so no draw lands on it; the clamp catches a draw above a last
-        sum that rounding left just under 1.
-        """
+        """Random actions, int64 [B, num_components], by inverse CDF. torch.multinomial
+        checks its input on the host, which a CUDA graph cannot record; a zero-probability
+        action never gets picked, and the clamp covers a last sum rounded just under 1."""
         picks = []
         for log_p in self._log_probs:
             batch, count, size = log_p.shape
@@ -93,23 +64,18 @@ class CategoricalProduct:
         return total
 
     def entropy(self) -> torch.Tensor:
-        """Joint entropy [B]: the sum of the components' entropies."""
         total = 0.0
         for log_p in self._log_probs:
             total = total - (log_p.exp() * log_p).sum(dim=(1, 2))
         return total
 
     def symmetric_kl_to_uniform(self) -> torch.Tensor:
-        """KL(p || u) + KL(u || p) [B] to the uniform policy u, summed over components.
+        """KL(p || u) + KL(u || p) [B] to the uniform policy, summed over components.
 
-        Per component of n actions: sum_a p_a log p_a - (1/n) sum_a log p_a. Unlike
-        the entropy, whose gradient vanishes as p turns deterministic, the second
-        term grows without bound as any p_a -> 0, and its gradient on that action's
-        logit stays at -1/n however small p_a gets: the pull that brings a collapsed
-        policy back. So the value is not capped: a cap would zero the gradient of
-        exactly the samples that need it (a collapsed doom_basic policy reads ~56
-        nats), and it would guard nothing, as the gradient on each logit is bounded
-        by 2 + log n whatever the value.
+        Unlike the entropy, whose gradient vanishes as p turns deterministic, its pull
+        on a vanishing action's logit stays at -1/n: it brings a collapsed policy back.
+        Not capped: a cap would zero exactly that gradient, and the gradient per logit
+        is bounded anyway.
         """
         total = 0.0
         for log_p in self._log_probs:
@@ -132,7 +98,6 @@ class DiagGaussian:
             return self.mean + self.std * torch.randn_like(self.mean)
 
     def mode(self) -> torch.Tensor:
-        """The mean, float32 [B, action_dim]."""
         return self.mean
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
@@ -141,20 +106,13 @@ class DiagGaussian:
         return (-0.5 * z * z - self.log_std - _HALF_LOG_2PI).sum(dim=-1)
 
     def entropy(self) -> torch.Tensor:
-        """Joint entropy [B]."""
         return (0.5 + _HALF_LOG_2PI + self.log_std).sum(dim=-1)
 
 
 class ActionSpec(ABC):
-    """How one action space maps to the policy head, storage and env.
-
-    Attributes:
-        num_params: width of the policy head's output.
-        action_dim: columns of a stored action row.
-        dtype: storage dtype (torch.int64 for discrete kinds, torch.float32 for Box).
-        is_continuous: True for Box; the model then owns a learned log-std vector of
-            size action_dim and passes it to `distribution`.
-    """
+    """How one action space maps to the policy head (num_params wide), storage
+    (action_dim columns of dtype) and the env. is_continuous: the model owns a
+    log-std [action_dim] and passes it to `distribution`."""
 
     num_params: int
     action_dim: int
@@ -163,11 +121,7 @@ class ActionSpec(ABC):
 
     @staticmethod
     def from_space(space: gym.Space) -> "ActionSpec":
-        """Build the spec for a gymnasium action space.
-
-        Raises ValueError for anything but Discrete, MultiDiscrete, a Tuple of
-        Discrete, or Box.
-        """
+        """The spec of a gymnasium action space; ValueError if unsupported."""
         if isinstance(space, gym.spaces.Discrete):
             return CategoricalSpec([int(space.n)], "discrete", [int(space.start)])
         if isinstance(space, gym.spaces.MultiDiscrete):
@@ -196,12 +150,8 @@ class ActionSpec(ABC):
 
     @abstractmethod
     def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
-        """The action distribution for policy-head output `params` [B, num_params].
-
-        `log_std` is the model's learned log-std [action_dim] for Box spaces and must
-        be None otherwise. The result has sample(), mode(), log_prob(actions) -> [B]
-        and entropy() -> [B].
-        """
+        """The distribution for policy-head output [B, num_params]; log_std only for Box.
+        It has sample(), mode(), log_prob(actions) [B] and entropy() [B]."""
 
     @abstractmethod
     def to_env(self, action_row: np.ndarray):
@@ -216,11 +166,8 @@ class ActionSpec(ABC):
 
 
 class CategoricalSpec(ActionSpec):
-    """Discrete, MultiDiscrete and Tuple-of-Discrete: a product of categoricals.
-
-    kind: "discrete" (env gets an int), "multi_discrete" (np.int64 array of
-    env_shape) or "tuple" (tuple of ints). starts: each component's `start`.
-    """
+    """Discrete, MultiDiscrete and Tuple-of-Discrete: a product of categoricals. kind
+    picks what the env gets: an int, an int64 array of env_shape, or a tuple of ints."""
 
     def __init__(self, sizes: List[int], kind: str, starts: List[int], env_shape=None):
         if any(n < 1 for n in sizes):
@@ -241,7 +188,6 @@ class CategoricalSpec(ActionSpec):
                 self._runs.append((1, n))
 
     def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
-        """A CategoricalProduct over `params` logits [B, num_params]."""
         self._check_params(params)
         if log_std is not None:
             raise ValueError("Discrete action spaces have no log-std; pass log_std=None.")
@@ -258,18 +204,13 @@ class CategoricalSpec(ActionSpec):
 
 
 class GaussianSpec(ActionSpec):
-    """Box: a diagonal Gaussian with a state-independent learned log-std, whose mean
-    is kept inside the space's bounds.
+    """Box: a diagonal Gaussian with a learned state-independent log-std.
 
-    Why the mean is bounded: the env clips what the Gaussian draws, and a mean that
-    drifts far past a bound makes every draw the same clipped action, so no sample
-    differs from another, no advantage says which way is better, and nothing brings
-    the mean back. Measured on Pendulum-v1 (torque in [-2, 2]): runs that collapsed
-    from -200 to -600..-1,400 and stayed there had 50-87% of their means beyond +-4,
-    up to +-115. So on each dimension with finite bounds the mean is
-    centre + half-width * tanh(param): always inside, and still a plain Gaussian
-    around it, so draws near a bound still reach it. Unbounded dimensions keep the
-    raw param as their mean."""
+    On bounded dimensions the mean is centre + half-width * tanh(param). The env clips
+    what is drawn, so an unbounded mean can drift far past a bound where every draw
+    clips to the same action, no advantage says which way is better, and nothing
+    brings it back.
+    """
 
     def __init__(self, space: gym.spaces.Box):
         self.action_dim = int(np.prod(space.shape, dtype=np.int64))
@@ -293,15 +234,14 @@ class GaussianSpec(ActionSpec):
         return torch.where(is_bounded, bounded.to(params.dtype), params)
 
     def _constants(self, dev: torch.device) -> tuple:
-        """The bounds' tensors on `dev`, copied there once: a copy to a GPU per call
-        would wait for the host every step, which a CUDA graph cannot record."""
+        """The bounds' tensors, moved to `dev` once: a host-to-GPU copy per call would
+        block each step and cannot be recorded in a CUDA graph."""
         if self._centre.device != dev:
             self._bounded, self._centre, self._half_width = (
                 t.to(dev) for t in (self._bounded, self._centre, self._half_width))
         return self._centre, self._half_width, self._bounded
 
     def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
-        """A DiagGaussian with mean `self.mean(params)` and std exp(log_std)."""
         self._check_params(params)
         if log_std is None or log_std.shape != (self.action_dim,):
             raise ValueError(
