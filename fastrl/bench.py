@@ -1,39 +1,19 @@
 """`python -m fastrl.bench --env ENV [--mode MODE] [--seconds S] [--warmup S] [--json PATH] [train options]`
 
-How fast fastrl is on this machine, and what holds it back. It measures the
-layout `python -m fastrl.train` would run with the same options (planned once
-with --plan auto, the default), each mode over a window of --seconds after a
---warmup, in a throwaway experiment folder:
+How fast fastrl is on this machine, and what holds it back. Measures the layout
+`python -m fastrl.train` would run (planned once), each mode for --seconds after a
+--warmup:
 
-  env     raw env stepping in --num_workers processes, random actions, no model:
-          the sampling limit (env-limit)
-  infer   the model's forward cost at the inference batch size and its learner
-          cost (forward + backward + Adam), in the precision the trainer would
-          choose (printed; --precision fp32 and bf16 time each): with env, the
+  env     env stepping alone, random actions: the sampling limit (env-limit)
+  infer   the model's inference and learner cost, which with env gives the
           compute-bound limit
-  sample  rollout workers (and policy workers) with a sink instead of the learner
+  sample  rollout (and policy) workers feeding a sink instead of the learner
   train   the whole trainer
 
-With sample or train, env and infer take half their window before those runs and
-half after, and report the mean costs, so that a machine whose speed drifts is
-compared with itself.
-
-Where the learner compiles its step (--compile_learner), the train run's warm-up
-lasts until it has chosen compiled or eager, and the compute-bound limit takes the
-learner's cost at the ratio that run timed: both describe the step the trainer
-keeps, not the compile.
-
-The report gives each mode's env frames/s (agent steps x frameskip) and agent
-steps/s, the ratios to the two limits, and for the trainer where the time goes:
-samples produced/received/trained per second, each component's busy, waiting and
-communication fractions, policy lag and staleness, the cores the run and other
-programs used, and the bottleneck. On a GPU run it adds the GPU's share of the
-window by what it ran (the learner's steps, the policy workers' forwards, the
-batch uploads and the action copies, each the device time between CUDA events:
-fastrl.cuda.timing), its time per agent step against the wall's, and the copies'
-time per batch and per forward; when the learner or a policy worker holds the run
-up, the bottleneck is then the GPU if it is busy nearly all the time, and
-otherwise that process's host work.
+With sample or train, env and infer are measured half before and half after, so a
+machine whose speed drifts is compared with itself. The report gives rates, ratios
+to both limits, each component's busy/wait/comm shares, policy lag, CPU (and GPU)
+use, and the bottleneck.
 """
 from __future__ import annotations
 
@@ -71,12 +51,10 @@ from fastrl.tuning.profiling import (
 
 MODES = ("env", "infer", "sample", "train")
 NEVER_S = 1e9  # "not within a bench run": periodic checkpoints and status lines would disturb the window
-# How often the window reads the run (see _Window): at a consumer's batch at most
-# every EDGE_SNAPSHOT_S, and between batches every FALLBACK_SNAPSHOT_S.
+# How often the window reads the run (see _Window).
 EDGE_SNAPSHOT_S, FALLBACK_SNAPSHOT_S = 0.5, 1.0
 STARTUP_S = 300.0  # how long a sample/train run may take to start flowing (many Doom games start slowly)
-# How long a train run's warm-up may wait for a compiling learner to settle on its
-# step (a cold compile took 22-58 s of background time on 2 cores, Doom models).
+# How long a train run's warm-up may wait for a compiling learner to pick its step.
 COMPILE_WAIT_S = 120.0
 
 
@@ -102,10 +80,9 @@ def build_bench_parser():
 
 
 def bench_config(cfg: Config, train_dir: str, experiment: str, warmup: float, seconds: float) -> Config:
-    """The user's config in a throwaway experiment, stopping at the latest after
-    startup + warm-up + window (the observer moves the stop to the window's end).
-    Reward and frame targets are dropped (they would end the window early), and W&B
-    is off: a bench run is not an experiment."""
+    """The user's config in a throwaway experiment that stops by startup + warm-up +
+    window at the latest; reward and frame targets (they would end the window early)
+    and W&B are dropped."""
     return dataclasses.replace(
         cfg, train_dir=train_dir, experiment=experiment, restart=True, train_for_env_frames=0,
         train_for_seconds=STARTUP_S + warmup + seconds, stop_at_reward=None, with_wandb=False,
@@ -113,9 +90,8 @@ def bench_config(cfg: Config, train_dir: str, experiment: str, warmup: float, se
 
 
 def forward_batch_sizes(cfg: Config) -> list:
-    """Inference batch sizes the config produces, the planned one last. A local worker
-    acts on its own envs; a policy worker batches whatever splits wait when it looks,
-    on average about one split from each worker it serves (the other is being stepped)."""
+    """Inference batch sizes the config produces, the planned one last. A policy
+    worker batches about one split from each worker it serves."""
     if cfg.inference == "local":
         return [cfg.envs_per_split]
     served = max(cfg.envs_per_split, cfg.num_workers * cfg.envs_per_split // cfg.num_policy_workers)
@@ -151,17 +127,14 @@ ROLES = {"learner": "learner", "rollout-worker": "rollout workers", "policy-work
 
 
 def _cpu_seconds(runner) -> tuple:
-    """({role: CPU seconds used so far}, busy CPU seconds of the whole machine): the
-    run's processes by role, their children as "env processes", and this process
-    (which runs the runner's loop) as "runner". Their changes over the window say
-    where each agent step's CPU went, and whether other programs took cores from
-    the run."""
+    """({role: CPU seconds so far}, busy CPU seconds of the whole machine); their
+    change over the window says where the CPU went and whether others took cores."""
     def cpu(proc) -> float:
         try:
             t = proc.cpu_times()
             return t.user + t.system
         except psutil.Error:
-            return 0.0  # it ended: its CPU time leaves the sum, a small undercount for a restarted worker
+            return 0.0  # it ended; a small undercount for a restarted worker
 
     roles = {}
     for p in runner.processes:
@@ -184,28 +157,19 @@ def _cpu_seconds(runner) -> tuple:
 class _Window:
     """The runner's observer: board snapshots that bound the measurement window.
 
-    The warm-up starts only once the pipeline flows (every process is in its loop
-    and the consumer has had its first trajectories): startup takes seconds and,
-    counted in, would leave one long wait span inside the window.
-
-    The window's edges are polls at which the consumer has just taken a batch. A
-    timer adds a span only when it ends, so an edge inside a long span (a learner
-    step of a second, a worker waiting for it) would miscount up to a whole span;
-    edges at the same point of the consumer's cycle count whole cycles. Without two
-    such points (a learner slower than the window) the edges are the first poll
-    after the warm-up and the last of the polls read about once a second. The lag
-    of every learner batch is kept too, as the board holds only the last batch's.
+    The warm-up starts once the pipeline flows, so startup does not leak into the
+    window. The edges are polls where the consumer has just taken a batch: timers
+    add a span only when it ends, so edges at the same point of the consumer's cycle
+    count whole cycles. Without two such points, the first and last polls serve.
     """
 
     def __init__(self, warmup: float, seconds: float, progress: _Progress, awaits_compile: bool = False,
                  awaits_actors: bool = False):
-        """awaits_compile: the run's learner compiles its step; awaits_actors: its
-        rollout workers compile their forward. The warm-up then lasts until each has
-        chosen compiled or eager (at most COMPILE_WAIT_S), so that the window times
-        what the run keeps, not a mix of both and the compile."""
+        """awaits_compile / awaits_actors: the warm-up lasts until the learner / rollout
+        workers have chosen compiled or eager, so the window times what the run keeps."""
         self.warmup, self.seconds, self.progress = warmup, seconds, progress
         self.awaits_learner, self.awaits_actors = awaits_compile, awaits_actors
-        self.compile_waited_s = 0.0  # the warm-up's time past --warmup spent waiting for it
+        self.compile_waited_s = 0.0  # warm-up time past --warmup spent waiting for that
         self.window_from = None
         self.flowing_at = None
         self.first = self.last = None  # polls after the warm-up
@@ -244,12 +208,8 @@ class _Window:
             self.compile_waited_s = elapsed - self.flowing_at - self.warmup
             runner.cfg.train_for_seconds = elapsed + self.seconds
         self.progress.at(self.warmup + elapsed - self.window_from)
-        # A snapshot reads every run process's CPU time and lists its children, which
-        # psutil does by reading /proc for every process on the machine: with 64
-        # ViZDoom engines, at every 50-ms poll, that took a tenth of the cores from the
-        # run it measured. The edges need one: the first batch, then a batch at most
-        # every EDGE_SNAPSHOT_S (a sink takes one every few polls); and the fallback
-        # edge one a second.
+        # A snapshot scans /proc for every process on the machine, which with many
+        # engines costs the run real CPU, so take one only at edges and once a second.
         since = elapsed - self.last[0] if self.last else math.inf
         if not ((took_batch and (self.start is None or since >= EDGE_SNAPSHOT_S)) or since >= FALLBACK_SNAPSHOT_S):
             return
@@ -289,8 +249,7 @@ def _rate_report(window: _Window, learn: bool) -> dict:
         return [r for r in s1 if r.startswith(prefix)]
 
     def fractions(names: list, fields=("busy", "wait", "comm")) -> dict:
-        # Timers add a span when it ends, so one long learner step straddling an edge
-        # of the window can push a share slightly past 1: clamp to what is possible.
+        # A span straddling the window's edge can push a share past 1: clamp.
         out = {f: min(1.0, sum(delta(r, f + "_s") for r in names) / len(names) / dt) for f in fields}
         return {**out, "count": len(names)}
 
@@ -301,7 +260,7 @@ def _rate_report(window: _Window, learn: bool) -> dict:
     parts = {"rollout": fractions(rows("rollout_"))}
     if rows("policy_"):
         parts["policy"] = fractions(rows("policy_"))
-    # The sink does no computing, only waiting and freeing buffers: it has no busy share.
+        # The sink only waits and frees buffers: it has no busy share.
     parts[consumer] = fractions(["learner"], ("busy", "wait", "comm") if learn else ("wait", "comm"))
     result = {
         "window_s": dt,
@@ -318,19 +277,17 @@ def _rate_report(window: _Window, learn: bool) -> dict:
             lag_mean = sum(lag[1] for lag in lags) / len(lags)
             result["lag"] = {"min": min(lag[0] for lag in lags), "mean": lag_mean,
                              "p90": sum(lag[2] for lag in lags) / len(lags), "max": max(lag[3] for lag in lags)}
-            # Staleness in time: a sample `lag` learner steps old was produced about
-            # lag x (seconds per learner step) before it was trained on.
+            # Staleness in time: lag learner steps x seconds per learner step.
             result["staleness"] = {"mean_age_s": lag_mean * dt / learner_steps,
                                    "dropped_fraction": delta("learner", "samples_dropped") / max(received, 1.0)}
     restarts = sum(delta(r, "env_restarts") for r in rows("rollout_"))
     if restarts:  # reported only when it happened: the rates then include failing envs
         result["env_restarts"] = restarts
-    # max(0, ...): a worker restarted inside the window starts its count again.
+        # max(0, ...): a worker restarted inside the window counts from zero.
     roles = {role: max(0.0, seconds - cpu0[0].get(role, 0.0)) for role, seconds in cpu1[0].items()}
     ours, machine = sum(roles.values()) / dt, (cpu1[1] - cpu0[1]) / dt
     result["cpu_cores_used"] = {"by_this_run": ours, "by_other_programs": max(0.0, machine - ours)}
-    # Core time per agent step by role: what the compute-bound limit's parts become
-    # when they run together (see _ratios).
+    # Core time per agent step by role, comparable with the compute-bound limit's parts.
     result["core_s_per_step"] = {role: seconds / max(steps, 1.0) for role, seconds in roles.items()}
     gpu = _gpu_report(delta, rows, dt, steps)
     if gpu is not None:
@@ -341,9 +298,8 @@ def _rate_report(window: _Window, learn: bool) -> dict:
 
 
 def _gpu_report(delta, rows, dt: float, steps: float):
-    """The GPU's share of the window (fastrl.cuda.timing's device time per wall
-    second) by what it ran, its time per agent step, and the copies' time per
-    batch and per forward; None on a run that used no GPU."""
+    """The GPU's share of the window by what it ran, its time per agent step and the
+    copies' time; None on a run without a GPU."""
     learners, policies = rows("learner"), rows("policy_")
     spans = {"learner": sum(delta(r, "gpu_s") for r in learners), "policy": sum(delta(r, "gpu_s") for r in policies),
              "h2d": sum(delta(r, "h2d_s") for r in learners), "d2h": sum(delta(r, "d2h_s") for r in policies)}
@@ -352,9 +308,8 @@ def _gpu_report(delta, rows, dt: float, steps: float):
         return None
     batches = sum(delta(r, "learner_steps") for r in learners)
     forwards = sum(delta(r, "inference_batches") for r in policies)
-    # Spans of different processes may overlap in time (the GPU interleaves their
-    # kernels), so the sum can pass the wall time: the share is capped at 1, and
-    # `spanned` keeps the sum for the report to say so.
+    # Different processes' spans may overlap, so their sum can pass the wall time:
+    # busy is capped at 1, `spanned` keeps the sum.
     return {"busy": min(1.0, total / dt), "spanned": total / dt, "shares": {k: v / dt for k, v in spans.items()},
             "s_per_step": total / max(steps, 1.0), "wall_s_per_step": dt / max(steps, 1.0),
             "h2d_s_per_batch": spans["h2d"] / batches if batches else None,
@@ -393,8 +348,7 @@ def measure_runner(cfg: Config, learn: bool, warmup: float, seconds: float, prog
 
 def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: float) -> dict:
     """Measure `modes` of the layout `python -m fastrl.train` would run with these
-    options (`explicit`: the ones the user set, which a plan keeps) and return the
-    whole report (what --json writes)."""
+    options (`explicit`: those the user set) and return the report --json writes."""
     if not (math.isfinite(seconds) and seconds > 0):
         raise ConfigError(f"--seconds is {seconds:g} but must be a positive number.")
     if not (math.isfinite(warmup) and warmup >= 0):
@@ -410,8 +364,7 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
         # Every check the trainer makes (unknown env, bad options) and its plan, before anything runs.
         _, plan, spec, obs_space, action_space, *_, precision = prepare_experiment(
             bench_config(cfg, train_dir, "plan", warmup, seconds), explicit)
-        # Planned once, then kept: every mode measures the same layout, and the sample and
-        # train runs do not profile again.
+        # Planned once: every mode measures the same layout, and no run profiles again.
         cfg = dataclasses.replace(planner.apply(cfg, plan) if plan else cfg, plan="off")
         report = {"env": cfg.env, "frameskip": spec.frameskip, "modes": list(modes), "seconds": seconds,
                   "warmup": warmup, "machine": machine_info(), "config": cfg.to_dict(),
@@ -421,10 +374,8 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
         results = report["results"]
         limits = [m for m in ("env", "infer") if m in modes]
         runs = [m for m in ("sample", "train") if m in modes]
-        # With a run to compare them against, the limits are measured half before and
-        # half after it and their costs averaged: on a VM whose speed drifts 10-20% from
-        # one minute to the next, a limit measured only before a run of a minute or
-        # more describes a machine the run may no longer have had.
+        # Limits measured half before and half after the runs and averaged: a VM's
+        # speed drifts from minute to minute.
         halves = ("", " again") if runs and limits else ("",)
         limit_seconds = seconds / len(halves)
         planned = {f"{m}{h}": limit_seconds + (warmup if m == "env" else 0) for h in halves for m in limits}
@@ -454,8 +405,7 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
 
 def _measure_limits(cfg: Config, limits: list, obs_space, action_space, precision: Precision, seconds: float,
                     warmup: float, progress: _Progress, label: str) -> tuple:
-    """(EnvProfile or None, ModelProfile or None) for the modes in `limits`, the
-    model in the run's `precision`."""
+    """(EnvProfile or None, ModelProfile or None) for the modes in `limits`."""
     env = model = None
     if "env" in limits:
         progress.start("env" + label)
@@ -481,9 +431,8 @@ def _report_limits(results: dict, measured: list, cfg: Config) -> None:
         results["infer"] = {**model.to_dict(), "forward_batch": batch,
                             "learner_core_s_per_sample": model.learner_core_s()}
         if env:
-            # The limit of the learner and actors the train run kept: a compiled step or
-            # forward, where the run chose that, is this eager measurement at the ratio
-            # the run timed.
+            # A compiled step or forward, where the train run kept one, is this eager
+            # measurement scaled by the ratio the run timed.
             ratio = _compiled_ratio(results.get("train", {}))
             forward_ratio = _actors_forward_ratio(results.get("train", {}))
 
@@ -509,8 +458,7 @@ def _report_limits(results: dict, measured: list, cfg: Config) -> None:
 
 
 def _compiled_ratio(train: dict):
-    """The train run's compiled step time over its eager one, where it kept the
-    compiled step and timed both; else None."""
+    """The train run's compiled over eager step time, if it kept the compiled step."""
     report = train.get("learner_compile")
     if report and report["chosen"] == "compiled" and report.get("ratio"):
         return report["ratio"]
@@ -518,9 +466,8 @@ def _compiled_ratio(train: dict):
 
 
 def _actors_forward_ratio(train: dict):
-    """The train run's rollout workers' forward time over eager's, averaged over the
-    workers (1.0 for one that kept eager), where any kept a timed compiled forward;
-    else None."""
+    """The rollout workers' mean compiled over eager forward time (1.0 for those that
+    kept eager), if any kept a compiled forward."""
     reports = train.get(ACT_COMPILE_KEY) or []
     kept = [r["ratio"] if r["chosen"] == "compiled" else 1.0 for r in reports if r.get("ratio")]
     if not kept or all(k == 1.0 for k in kept):
@@ -538,9 +485,8 @@ def _ratios(results: dict) -> dict:
     if "train" in results and bound:
         train = results["train"]
         ratios["train_over_compute_bound"] = train["steps_per_s"] / bound["steps_per_s"]
-        # The same ratio in two factors, whose product it is exactly: how much of the
-        # cores the run kept busy, and how much more core time an agent step took in
-        # the run than its parts took measured alone.
+        # The same ratio as a product: the share of cores kept busy, times the limit's
+        # core time per step over the run's.
         ratios["train_cores_busy_fraction"] = train["cpu_cores_used"]["by_this_run"] / bound["cores"]
         ratios["limit_over_train_core_s_per_step"] = (sum(bound["core_s_per_step"].values())
                                                       / sum(train["core_s_per_step"].values()))
