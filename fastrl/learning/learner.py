@@ -1,17 +1,9 @@
 """Learner process: takes full trajectories off the queue, copies a batch out of
-shared memory (freeing those buffers at once), trains on it with the APPO loss,
-and publishes the new parameters with a version. Owns the checkpoints.
+shared memory (freeing the buffers), trains on it with the APPO loss, and publishes
+the new parameters with a version. Owns the checkpoints.
 
-With several policies (--num_policies) there is one learner per policy, each
-with its own trajectory queue, published parameters, board row and checkpoint
-folder; under population-based training it takes the hyperparameters (and, when
-told to, another policy's weights) the runner gives its policy.
-
-In a multi-rank run (torchrun) the learner is the one process of its rank that
-talks to the other ranks: it joins their process group, agrees with them once per
-batch whether to go on (and what the run's counters add up to), and takes every
-gradient step together with them (fastrl.plumbing.collectives). Rank 0's learner
-writes the checkpoints."""
+One learner per policy. In a multi-rank run it is the one process of its rank that
+talks to the others (fastrl.plumbing.collectives); rank 0's writes the checkpoints."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +46,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Learner:
-    """The learner of policy `policy`. `rank` and `shared_options` (the options every
-    rank must share, as the runner names them) matter in a multi-rank run only.
-    `compile_memory`: what earlier runs of the setup left its compile (CompileMemory)."""
+    """The learner of policy `policy`. `rank` and `shared_options` matter in a
+    multi-rank run only; `compile_memory` is what earlier runs learnt of compiling."""
 
     def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int,
                  rank: Rank = SOLO, shared_options: Optional[dict] = None, policy: int = 0,
@@ -102,8 +93,8 @@ class Learner:
         self.peers = self._join(shared_options or {}) if rank.distributed else None
 
     def _join(self, shared_options: dict) -> Peers:
-        """Join the other ranks' learners, check that they resume the same checkpoint
-        with the same model and options, and start from rank 0's weights."""
+        """Join the other ranks, check they resume the same checkpoint with the same
+        model and options, and start from rank 0's weights."""
         backend = self.cfg.dist_backend
         if backend == "auto":
             backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -142,8 +133,7 @@ class Learner:
                 if self._stop_agreed(stopping):
                     break
                 with self.timer("comm_s"):
-                    # On a GPU the upload runs on a side stream from here on, while the
-                    # buffers go back and the hyperparameters are read.
+                    # On a GPU the upload runs on a side stream from here on.
                     upload = self.stager.start(ctx.buffers.gather(pending))
                     if not cfg.frees_after_training:
                         put_many_polling(ctx.free_queue, pending, 10.0)
@@ -178,10 +168,8 @@ class Learner:
                 self.save()
 
     def _stop_agreed(self, stopping: bool) -> bool:
-        """Whether to stop before the next batch: in a run of one, whether the runner
-        asked to; in a multi-rank run, whether any rank's runner did, agreed once per
-        batch with every rank (which also sums the counters the runners report), so
-        that all of them leave after the same step."""
+        """Whether to stop before the next batch; in a multi-rank run agreed with every
+        rank (summing the runners' counters too), so all leave after the same step."""
         if self.peers is None:
             return stopping
         stop, summed = self.peers.agree(stopping, local_counts(self.ctx.board))
@@ -189,8 +177,7 @@ class Learner:
         return stop
 
     def _report_weights(self) -> None:
-        """After the last step of a multi-rank run, every rank's weights digest, for
-        summary.json to show that they ended bit-identical."""
+        """Every rank's weights digest, so summary.json shows they ended bit-identical."""
         digests = self.peers.weights_digests(self.model)
         if self.rank.main:
             try:
@@ -212,8 +199,7 @@ class Learner:
         lag, valid = lag_mask(self.version, batch["policy_version"], cfg.max_policy_lag)
         self._record_lag(lag, valid)
         if cfg.normalize_obs:
-            # Only the samples that will be trained on: a dropped sample's observations
-            # came from a stale policy's state distribution, like its actions.
+            # Only the samples trained on: a dropped one came from a stale policy.
             self.model.update_normalizer({k: v[:-1] for k, v in batch["obs"].items()}, keep=valid.bool(),
                                          reduce=self.peers.sum_ if self.peers is not None else None)
         if cfg.lr_schedule == "linear":
@@ -223,9 +209,8 @@ class Learner:
         bounded = cfg.target_kl > 0 and cfg.ppo_epochs * cfg.num_minibatches > 1
         samples = None  # single-sample minibatches' rows, with their targets (--minibatch_split samples)
         if cfg.minibatches_of_samples:
-            # Once per batch, with the weights before this batch's first step: on
-            # policy (lag 0) pi = mu there, every importance weight is 1 and the
-            # targets are GAE(lambda)'s, fixed for every pass, as in PPO.
+            # With the weights before the batch's first step, so on policy the targets
+            # are GAE(lambda)'s, fixed for every pass, as in PPO.
             samples = flat_samples(batch, valid)
             targets, start_log_ratio = batch_targets(cfg, self.model, batch, valid)
             samples.update(vs=targets.vs_tm1.flatten(), pg_advantage=targets.pg_advantage_t.flatten())
@@ -244,8 +229,8 @@ class Learner:
         self._send_compile_news()
 
     def _passes(self, batch: dict, valid: torch.Tensor, samples: Optional[dict]):
-        """The batch's --ppo_epochs passes, one gradient step at a time as it is
-        asked for: yields whether each step was taken (False: the KL bound refused it)."""
+        """The batch's --ppo_epochs passes, lazily: yields whether each step was
+        taken (False: the KL bound refused it)."""
         cfg, dev = self.cfg, self.device
         T, B = batch["rewards"].shape
         for _ in range(cfg.ppo_epochs):
@@ -259,7 +244,7 @@ class Learner:
                     yield self._gradient_step(_columns(batch, cols), valid[:, cols])
 
     def _gradient_step(self, mb: dict, valid: torch.Tensor) -> bool:
-        """One step on a minibatch of trajectories: False when the KL bound refused it."""
+        """One step on a minibatch of trajectories; False if the KL bound refused it."""
         self.compiled.before_step(mb)
         start = time.perf_counter()
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers,
@@ -268,8 +253,7 @@ class Learner:
         return self._stepped(out, grad_norm)
 
     def _send_compile_news(self) -> None:
-        """The compile's start and its choice, once each, after the batch that brought
-        them is counted: the run says its first batch before the compile began."""
+        """The compile's start and choice, once each, sent after the batch is counted."""
         news = []
         started = self.compiled.take_started()
         if started:
@@ -284,13 +268,12 @@ class Learner:
                 pass  # a report only
 
     def _sample_step(self, samples: dict) -> bool:
-        """One step on single samples: False when the KL bound refused it."""
+        """One step on single samples; False if the KL bound refused it."""
         return self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers,
                                                    stats=self._metrics_due()))
 
     def _stepped(self, out, grad_norm) -> bool:
-        """After a gradient step: count a skipped one (not finite), or note its
-        metrics. False when the KL bound refused the step (no grad norm)."""
+        """Count a skipped (non-finite) step or note its metrics; False if refused."""
         if grad_norm is None:
             return False
         if out is None:
@@ -302,9 +285,8 @@ class Learner:
         return True
 
     def _take_hyper(self) -> None:
-        """Take the hyperparameters population-based training gave this policy since
-        the last batch and, when told to, another policy's newest weights. Adam's
-        moments belonged to the old weights, so they start afresh with the new."""
+        """Take the hyperparameters (and maybe another policy's weights) that PBT gave
+        this policy; Adam's moments start afresh with new weights."""
         change = self.ctx.hyper.take(self.policy, self._hyper_epoch)
         if change is None:
             return
@@ -338,8 +320,7 @@ class Learner:
         self.row.add("samples_dropped", float((1.0 - valid).sum()))
 
     def _metrics_due(self) -> bool:
-        """Whether the next gradient step computes the loss's statistics, which the
-        learner reports once every METRICS_EVERY_S."""
+        """Whether the next step computes the loss statistics (every METRICS_EVERY_S)."""
         return time.time() - self._last_metrics >= METRICS_EVERY_S
 
     def _note_metrics(self, out, grad_norm) -> None:
@@ -370,8 +351,8 @@ class Learner:
 
 
 def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_lag: int):
-    """(lag_t, valid_t), both float [T, B]: each sample's policy lag in learner steps,
-    and 1 where it is at most `max_policy_lag` (the sample is trained on), else 0."""
+    """(lag_t, valid_t), float [T, B]: each sample's policy lag in learner steps, and
+    1 where it is at most `max_policy_lag`."""
     lag_t = (learner_version - policy_version_t).float()
     return lag_t, (lag_t <= max_policy_lag).float()
 
@@ -379,27 +360,16 @@ def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_la
 def gradient_step(cfg, model, optimizer, mb: dict, valid: torch.Tensor, peers: Optional[Peers] = None,
                   loss=None, stats: bool = True):
     """One APPO gradient step on a time-major minibatch (the learner's, and what the
-    profiler times). Returns (loss terms, grad norm), or (None, grad norm) when the
-    loss or gradient was not finite and the step was skipped, or (loss terms, None)
-    when the minibatch holds "start_log_ratio" (log pi / mu under the weights at
-    its batch's start) and its approximate KL from those weights is past
-    --target_kl: then no step is taken (kl_bound_crossed). `loss` computes the
-    loss as trajectory_loss does (benchmarks/compile_vs_eager.py passes a compiled one);
-    stats=False leaves the loss's logging statistics out (None).
-
-    With `peers` (a multi-rank run) every rank calls it at once: the gradient becomes
-    the mean over every rank's valid samples before it is clipped, the skip is every
-    rank's if the loss was not finite on any, and the return normaliser takes in every
-    rank's targets; so each rank takes the same step."""
+    profiler times). Returns (loss terms, grad norm); (None, grad norm) when skipped
+    for a non-finite loss; (loss terms, None) when past --target_kl. `loss` replaces
+    trajectory_loss (e.g. a compiled one). With `peers`, every rank takes the same step."""
     out = (loss or trajectory_loss)(cfg, model, mb, valid, stats=stats)
     return _descend(cfg, model, optimizer, out, valid, peers, kl_bound_crossed(cfg, out, mb, valid))
 
 
 def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None, stats: bool = True):
-    """appo_loss of a time-major minibatch under the model's weights now: the
-    forward whose backward a gradient step takes. `time_limits` stands in for
-    _time_limits (a compiled loss passes it wrapped to run eagerly: which steps a
-    time limit cut is known only from the data)."""
+    """appo_loss of a time-major minibatch under the current weights. `time_limits`
+    replaces _time_limits (a compiled loss runs it eagerly, being data-dependent)."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
     value_mean, value_std = model.value_scale()
@@ -419,8 +389,7 @@ def _trace_settings(cfg) -> dict:
 
 
 def _loss_settings(cfg, behaviour_v_tm1: torch.Tensor) -> dict:
-    """The loss's options on known targets, as appo_loss and loss_on_targets take
-    them; the acting values are read only for the value clip."""
+    """The loss's options on known targets; acting values only for the value clip."""
     clipped = cfg.value_clip > 0
     return dict(clip_ratio=cfg.clip_ratio, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
                 normalize_adv=cfg.normalize_advantages, behaviour_v_tm1=behaviour_v_tm1 if clipped else None,
@@ -428,20 +397,17 @@ def _loss_settings(cfg, behaviour_v_tm1: torch.Tensor) -> dict:
 
 
 def kl_bound_crossed(cfg, out, mb: dict, valid: torch.Tensor) -> bool:
-    """Whether the policy has moved past --target_kl from the weights at the start
-    of its batch, on this minibatch's samples. KL(start || now) is estimated on
-    the acting policy's samples, without weighting them to the start's: the two
-    are a few learner versions apart, and the bound is a brake, not a measurement."""
+    """Whether the policy has moved past --target_kl from its batch's start on this
+    minibatch. Estimated on the acting policy's samples without reweighting: the
+    bound is a brake, not a measurement."""
     if "start_log_ratio" not in mb:
         return False
     return bool(approx_kl(out.log_ratio_t - mb["start_log_ratio"], valid) > cfg.target_kl)
 
 
 def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Peers], over_kl: bool = False):
-    """Backward from `out.total`, the gradient averaged over ranks and clipped, the
-    optimiser's step and the return normaliser's update: (out, grad norm), or
-    (None, grad norm) when the loss or gradient was not finite, or (out, None)
-    when `over_kl` (on any rank) refused the step."""
+    """Backward, the gradient averaged over ranks and clipped, the optimiser step and
+    the return normaliser's update. Returns as gradient_step does."""
     if over_kl and peers is None:
         return out, None  # no backward for a step that will not be taken
     optimizer.zero_grad(set_to_none=True)
@@ -450,13 +416,9 @@ def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Pe
     norm = model.return_norm
     moments = norm.moments(out.vs_tm1[valid > 0]) if norm is not None else None
     if peers is not None:
-        # Every rank must take the same step, so a rank's refusal is every rank's:
-        # it rides on the gradient's all-reduce rather than costing one of its own,
-        # and so do the return normaliser's moments of every rank's targets. On a
-        # small model a collective's cost is its latency, not its bytes: CartPole's
-        # 8 steps a batch made 17 collectives with the moments apart (benchmarks/
-        # README.md, thirty-eighth session). They travel in the gradient's float32;
-        # taken about the running mean, they lose ~1e-7 of themselves to it.
+        # Every rank takes the same step: skip and refusal flags and the return
+        # normaliser's moments ride on the gradient's all-reduce, as on a small model
+        # each collective costs its latency.
         samples = float(valid.sum())
         _, (nonfinite, refused), moments = peers.average_gradients(
             model.parameters(), samples, [0.0 if finite_loss else 1.0, float(over_kl)], moments)
@@ -476,15 +438,14 @@ def _descend(cfg, model, optimizer, out, valid: torch.Tensor, peers: Optional[Pe
 
 
 def learned_rewards(cfg, r_t: torch.Tensor) -> torch.Tensor:
-    """The rewards the loss learns from: scaled by --reward_scale, then clipped
-    to +-reward_clip when that is set."""
+    """Rewards scaled by --reward_scale, then clipped to +-reward_clip if set."""
     r_t = r_t * cfg.reward_scale
     return r_t.clamp(-cfg.reward_clip, cfg.reward_clip) if cfg.reward_clip > 0 else r_t
 
 
 def _time_limits(cfg, model, mb: dict, ev):
-    """(terminated, truncated, v_final) as the loss takes them: a time limit's cut
-    bootstrapped from the final observation's value, or ending the episode."""
+    """(terminated, truncated, v_final): a time-limit cut either bootstrapped from the
+    final observation's value or treated as an episode end."""
     if cfg.bootstrap_time_limits:
         return mb["terminated"], mb["truncated"], final_values(model, mb, ev)
     return mb["terminated"] | mb["truncated"], torch.zeros_like(mb["truncated"]), torch.zeros_like(mb["rewards"])
@@ -492,10 +453,9 @@ def _time_limits(cfg, model, mb: dict, ev):
 
 @torch.no_grad()
 def batch_targets(cfg, model, batch: dict, valid: torch.Tensor):
-    """(V-trace's targets and advantages (VTraceReturns, [T, B], return units),
-    log pi / mu [T, B]) of a whole batch of trajectories under the model's weights
-    now: what the batch's passes of single-sample minibatches train towards
-    (--minibatch_split samples), and where their KL bound is measured from."""
+    """(V-trace targets [T, B] in return units, log pi / mu [T, B]) of a whole batch
+    under the current weights: what --minibatch_split samples trains towards, and
+    where its KL bound is measured from."""
     ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
     value_mean, value_std = model.value_scale()
     terminated, truncated, v_final = _time_limits(cfg, model, batch, ev)
@@ -507,16 +467,14 @@ def batch_targets(cfg, model, batch: dict, valid: torch.Tensor):
 
 @torch.no_grad()
 def start_log_ratios(model, batch: dict) -> torch.Tensor:
-    """log pi / mu [T, B] of a batch of trajectories under the weights at its
-    start: what --target_kl measures each later step's KL from."""
+    """log pi / mu [T, B] under the weights at the batch's start, for --target_kl."""
     ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"])
     return ev.logp - batch["behaviour_logp"]
 
 
 def flat_samples(batch: dict, valid: torch.Tensor) -> dict:
-    """The batch's T x B acting steps as single samples [T * B, ...]: with their
-    targets ("vs", "pg_advantage", flattened batch_targets) what
-    sample_gradient_step takes, a random part at a time."""
+    """The batch's T x B acting steps as single samples [T * B, ...], for
+    sample_gradient_step once their targets are added."""
     return {
         "obs": {k: v[:-1].flatten(0, 1) for k, v in batch["obs"].items()},
         "actions": batch["actions"].flatten(0, 1),
@@ -527,9 +485,8 @@ def flat_samples(batch: dict, valid: torch.Tensor) -> dict:
 
 
 def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[Peers] = None, stats: bool = True):
-    """One gradient step on single samples (flat_samples' rows) whose targets were
-    computed over their whole trajectories; the loss is appo_loss's on those
-    targets, as one row [1, N]. Returns what gradient_step does (stats: as there)."""
+    """One gradient step on single samples whose targets were computed over whole
+    trajectories; returns as gradient_step does."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     logp, entropy, values, uniform_kl = model.evaluate_samples(samples["obs"], samples["actions"], symmetric_kl)
     value_mean, value_std = model.value_scale()
@@ -544,7 +501,6 @@ def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[P
 
 
 def _rows(value, rows: torch.Tensor):
-    """Rows `rows` of a flat sample tensor, or of each tensor of a dict of them."""
     if isinstance(value, dict):
         return {k: v[rows] for k, v in value.items()}
     return value[rows]
