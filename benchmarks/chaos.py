@@ -44,8 +44,8 @@ SIGINT as Ctrl-C would. The checks:
                /dev/shm entry of its own (not one that a live process maps, nor
                other programs' ViZDoom segments, whose instance ids its engines
                never had)
-It prints a one-screen report, writes it to --json if asked, and exits 1 when a
-check fails.
+It prints a one-screen report, writes it to --json if asked, records the verdict in
+benchmarks/results/chaos_<env>.jsonl, and exits 1 when a check fails.
 
 The supervisor gives up on a worker that dies more than --max_worker_restarts
 times in 10 minutes (default 5); chaos kills each worker far more often, so it
@@ -71,9 +71,8 @@ import time
 from typing import Optional
 
 import psutil
+import records
 from fastrl.envs.doom._reaper import mapped_paths
-
-from fastrl.tuning.profiling import cpu_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTLE_S = 20.0  # untouched training at the end, over which frames must grow
@@ -559,7 +558,7 @@ def run_chaos(args, extra: list, train_dir: str) -> tuple:
     if not all(c["ok"] for c in checks.values()):
         print("chaos: the run's last lines:\n  " + "\n  ".join(run.lines[-15:]), flush=True)
     report = {"env": args.env, "settings": vars(args), "extra_train_args": extra, "command": cmd,
-              "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
+              "machine": {"cpu": records.cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},
               "checks": checks, "frames_per_s": {"before_chaos": fps[0], "during_chaos": fps[1]},
               "faults": [dataclasses.asdict(f) | {"engines_before": sorted(f.engines_before)} for f in faults]}
     return checks, report
@@ -602,7 +601,15 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2)
-    return 0 if all(c["ok"] for c in checks.values()) else 1
+    passed = all(c["ok"] for c in checks.values())
+    recovered = [f["recovered_s"] for f in report["faults"] if f["recovered_s"] is not None]
+    records.append(f"chaos_{args.env}",
+                   {"verdict": "PASS" if passed else "FAIL", "faults": len(report["faults"]),
+                    "recovered": len(recovered),
+                    "median_recovery_s": round(statistics.median(recovered), 1) if recovered else None,
+                    "hangs": checks["hangs"]["text"], "leftovers": checks["leftovers"]["text"]},
+                   records.this_command())
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ later, 0.74), so the median of several rounds is the number to quote, with its
 spread; each round also prints the limit before and after its runs, and the
 ratio's two factors: the cores the run kept busy, and the limit's core time
 per agent step over the run's (with the run's by role). Bench
-options after the known ones pass through (a layout, a precision).
+options after the known ones pass through (a layout, a precision). The median goes to
+benchmarks/results/compute_bound_ratio_<env>.jsonl.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import sys
 import tempfile
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 
 
 def one_round(env: str, bench_args: list, json_path: str) -> dict:
@@ -57,7 +58,7 @@ def main() -> int:
     args, bench_args = parser.parse_known_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
     print("command: python -m fastrl.bench --env", args.env, "--mode all", *bench_args, flush=True)
     rounds = []
@@ -79,6 +80,10 @@ def main() -> int:
           f"max {max(ratios):.3f}); median train {statistics.median(r['train_fps'] for r in rounds):,.0f} fps; "
           f"median cores kept busy {statistics.median(r['cores_busy'] for r in rounds):.3f}, "
           f"median limit/run core time per step {statistics.median(r['core_time_ratio'] for r in rounds):.3f}")
+    records.append(f"compute_bound_ratio_{args.env}",
+                   {"median_ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+                    "median_train_fps": round(statistics.median(r["train_fps"] for r in rounds))},
+                   records.this_command())
     return 0
 
 

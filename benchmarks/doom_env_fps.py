@@ -6,7 +6,8 @@
 Prints env frames per second summed over the processes, where env frames =
 agent steps x frameskip (4 for Doom), the unit the trainer reports. Each process
 measures the same wall-clock window after a common start, so startup is not counted.
-Episode ends reset the env (not counted as steps).
+Episode ends reset the env (not counted as steps). The rate goes to
+benchmarks/results/doom_env_fps_<env>_<procs>procs.jsonl.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import os
 import platform
 import sys
 import time
+
+import records
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,9 +70,12 @@ def main(argv=None) -> int:
     elapsed = max(r[2] for r in rows)
     frameskip = rows[0][3]
     print(f"env {args.env}, {args.procs} processes x {args.seconds:g} s, random actions, no model")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}")
+    print(f"machine: {records.cpu_model()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}")
     print(f"agent steps/s: {steps / elapsed:,.0f}   episodes: {episodes}")
     print(f"env frames/s:  {steps * frameskip / elapsed:,.0f}   (frames = agent steps x frameskip {frameskip})")
+    records.append(f"doom_env_fps_{args.env}_{args.procs}procs",
+                   {"env_frames_per_s": round(steps * frameskip / elapsed), "seconds": args.seconds},
+                   records.this_command())
     return 0
 
 

@@ -39,6 +39,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fastrl_gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline
+# The comparisons' records (benchmarks/records.py) come back with the logs; append
+# them to benchmarks/results/ by hand: this copy of the repository is thrown away.
+export FASTRL_BENCHMARK_RESULTS=${FASTRL_BENCHMARK_RESULTS:-$OUT/results}
 PY=${PYTHON:-python3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-60}
 WORKERS=${WORKERS:-$(( $(nproc) ))}

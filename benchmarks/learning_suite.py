@@ -60,7 +60,8 @@ Output in --out: results.jsonl (one JSON object per run, appended; the newest ru
 each tag/system/env/seed/budget is the one summarized), table.md (the table printed
 at the end), logs/ (each run's stdout), fastrl/, sb3/, sf/ (experiment folders;
 fastrl's and SB3's hold TensorBoard events that `python -m fastrl.plot` draws side
-by side), and with --plot one <env>.png per env.
+by side), and with --plot one <env>.png per env. Each env's medians over this call's
+seeds also go to benchmarks/results/learning_<env>_<budget>s_<systems>[_<tag>].jsonl.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ import shlex
 import statistics
 import sys
 
+import records
 import vs_sample_factory as vsf
 from sb3_runner import ZOO_PPO
 
@@ -383,12 +385,12 @@ def _fmt(value, unit: str = "") -> str:
     return f"{value:,.0f}{unit}" if abs(value) >= 1000 else f"{value:.1f}{unit}"
 
 
-def table(records: list) -> str:
+def table(results: list) -> str:
     """Markdown: one row per env, system (with tag) and budget, medians over seeds.
     The median time to target counts a seed that never reached it as longer than the
     budget, so it reads "> budget" when fewer than half the seeds got there."""
     groups = {}
-    for r in records:
+    for r in results:
         groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
     rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
             f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) |",
@@ -411,7 +413,26 @@ def table(records: list) -> str:
     return "\n".join(rows)
 
 
-def plot(records: list, out_dir: str) -> list:
+def headline(runs: list) -> dict:
+    """One env's figures for benchmarks/results: per system, the median time to the
+    target (None when fewer than half the seeds reached it), how many seeds did, and
+    the median return at the budget."""
+    figure = {"seeds": sorted({r["seed"] for r in runs})}
+    for system in SYSTEMS:
+        mine = [r for r in runs if r["system"] == system]
+        if not mine:
+            continue
+        if mine[0]["target"] is not None:
+            times = [r["time_to_target"] for r in mine]
+            median = statistics.median([math.inf if t is None else t for t in times])
+            figure[f"{system}_time_to_target_s"] = None if math.isinf(median) else round(median, 1)
+            figure[f"{system}_reached"] = f"{sum(t is not None for t in times)}/{len(mine)}"
+        at_budget = _median_or_none(r["return_at_budget"] for r in mine)
+        figure[f"{system}_return_at_budget"] = None if at_budget is None else round(at_budget, 2)
+    return figure
+
+
+def plot(results: list, out_dir: str) -> list:
     """One PNG per env: return(100) against wall time and against env frames, one line
     per system and seed (a colour per system, a line style per seed), the target dashed."""
     import matplotlib
@@ -420,11 +441,11 @@ def plot(records: list, out_dir: str) -> list:
     import matplotlib.pyplot as plt
 
     written = []
-    names = sorted({label(r) for r in records})
+    names = sorted({label(r) for r in results})
     colours = {name: f"C{i % 10}" for i, name in enumerate(names)}
     styles = ("-", "--", ":", "-.")
-    for env in sorted({r["env"] for r in records}):
-        runs = sorted((r for r in records if r["env"] == env), key=lambda r: (label(r), r["seed"]))
+    for env in sorted({r["env"] for r in results}):
+        runs = sorted((r for r in results if r["env"] == env), key=lambda r: (label(r), r["seed"]))
         fig, (by_time, by_frames) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
         seeds = sorted({r["seed"] for r in runs})
         for r in runs:
@@ -533,10 +554,11 @@ def main(argv=None) -> int:
     print(f"{info['date_utc']}; {info['cpu']}, {info['logical_cpus']} logical CPUs; fastrl {info['fastrl_commit']}; "
           f"{len(plan)} run(s) x {args.seconds:g} s, one at a time; results in {args.out}", flush=True)
     results_path = os.path.join(args.out, "results.jsonl")
-    failed = []
+    failed, this_call = [], []
     for i, (system, env, seed) in enumerate(plan, 1):
         print(f"[{i}/{len(plan)}] {system} {env} seed {seed} ...", flush=True)
         record = run_one(args, system, env, seed)
+        this_call.append(record)
         with open(results_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
         ttt = record["time_to_target"]
@@ -553,14 +575,20 @@ def main(argv=None) -> int:
             failed.append(record)
             print(f"    PROBLEM: {'; '.join(record['problems'])} (see {record['log']})", flush=True)
 
-    records = load_results(results_path) if os.path.exists(results_path) else []
-    text = table(records)
+    kept = load_results(results_path) if os.path.exists(results_path) else []
+    text = table(kept)
     with open(os.path.join(args.out, "table.md"), "w") as fh:
         fh.write(text + "\n")
     print("\n" + text)
-    if args.plot and records:
-        for path in plot(records, args.out):
+    if args.plot and kept:
+        for path in plot(kept, args.out):
             print(f"wrote {path}")
+    for env in args.envs:  # this call's runs only: the folder may hold other calls' too
+        runs = [r for r in this_call if r["env"] == env]
+        if runs and not any(r["problems"] for r in runs):
+            systems = "_".join(s for s in SYSTEMS if any(r["system"] == s for r in runs))
+            question = re.sub(r"[^A-Za-z0-9._-]", "_", f"learning_{env}_{args.seconds:g}s_{systems}")
+            records.append(question + (f"_{args.tag}" if args.tag else ""), headline(runs), records.this_command())
     return 1 if failed else 0
 
 

@@ -5,8 +5,9 @@
 Each round is a new Python process that starts the trainer's process server and
 plans exactly as `python -m fastrl.train` does, with an empty profile cache, so
 every round pays for and decides on its own start-up profile. It prints each
-round's plan and prediction, then how many rounds chose each layout. A planner
-whose choice flips between rounds on the same machine is deciding on noise.
+round's plan and prediction, then how many rounds chose each layout (recorded in
+benchmarks/results/plan_stability_<env>.jsonl). A planner whose choice flips between
+rounds on the same machine is deciding on noise.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 import tempfile
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 
 
 def plan_once(train_args: list) -> dict:
@@ -51,7 +52,7 @@ def main() -> int:
         return 0
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
     chosen = collections.Counter()
     for i in range(args.rounds):
@@ -67,6 +68,10 @@ def main() -> int:
     print("layouts chosen:")
     for layout, count in chosen.most_common():
         print(f"  {count} of {args.rounds}: {layout}")
+    layout, count = chosen.most_common(1)[0]
+    records.append(f"plan_stability_{args.env}",
+                   {"layouts_chosen": len(chosen), "most_chosen": f"{count} of {args.rounds}", "layout": layout},
+                   records.this_command())
     return 0
 
 

@@ -5,8 +5,9 @@
 Trains `--env` for the same env-frame budget with `--precision fp32` and with
 `--precision bf16`, alternating per seed so that both see the same machine load,
 and prints each run's mean return of its last 100 episodes and its wall time,
-then the medians. A learning difference shows as a return gap at equal frames;
-the speed difference as a wall-time ratio measured in the same session.
+then the medians (recorded in benchmarks/results/precision_parity_<env>.jsonl). A
+learning difference shows as a return gap at equal frames; the speed difference as a
+wall-time ratio measured under the same load.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 import tempfile
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 
 
 def run_once(env: str, precision: str, frames: int, seed: int, train_args: list) -> dict:
@@ -39,7 +40,7 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=300_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args, train_args = parser.parse_known_args()
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average {os.getloadavg()[0]:.1f}")
     print(f"{args.env}, {args.frames:,} env frames per run, extra options: {' '.join(train_args) or 'none'}")
     results = {"fp32": [], "bf16": []}
@@ -52,8 +53,12 @@ def main() -> int:
                for p, rs in results.items()}
     for p, (ret, secs) in medians.items():
         print(f"median {p}: return(100) {ret:8.2f}, {secs:6.1f} s")
-    print(f"bf16 wall time / fp32 wall time: {medians['bf16'][1] / medians['fp32'][1]:.2f}; "
-          f"load average at the end {os.getloadavg()[0]:.1f}")
+    wall_ratio = medians["bf16"][1] / medians["fp32"][1]
+    print(f"bf16 wall time / fp32 wall time: {wall_ratio:.2f}; load average at the end {os.getloadavg()[0]:.1f}")
+    records.append(f"precision_parity_{args.env}",
+                   {"fp32_return_median": round(medians["fp32"][0], 2),
+                    "bf16_return_median": round(medians["bf16"][0], 2),
+                    "bf16_over_fp32_wall_time": round(wall_ratio, 2), "frames": args.frames}, records.this_command())
     return 0
 
 

@@ -45,7 +45,8 @@ a step is (all-reduce alone) / (step with it). Both processes time at once, as t
 ranks' learners would run.
 
 It prints the machine first: run it when nothing else runs on the machine, or read
-the numbers as those of a shared one.
+the numbers as those of a shared one. Parts 1 and 3's figures go to
+benchmarks/results/scale_out_<env>.jsonl.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ import time
 from typing import List, Optional
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames [\d,]+ \| ([\d,]+) fps .* trained ([\d,]+) samples/s")
 BATCH = 1024  # CartPole's per-rank batch (the trainer's default)
@@ -133,7 +134,7 @@ def _run_pair(seed: int, options: list, train_dir: str, experiment: str, env: st
             "wall_s": max(r["wall_s"] for r in runs)}
 
 
-def scale_runs(args) -> None:
+def scale_runs(args) -> dict:
     # Half the batch needs half the envs per rollout worker, as a buffer holds rollout x envs samples.
     cartpole = args.env == "CartPole-v1"
     variants = [("1 rank", 1, []), ("2 ranks", 2, []), (PAIR, 0, [])]
@@ -168,6 +169,10 @@ def scale_runs(args) -> None:
     # the cores costs, which no scheme of two pipelines avoids.
     print(f"keeping 2 ranks' weights identical costs: 2 ranks = {median['2 ranks'] / median[PAIR]:.2f}x "
           f"{PAIR}; splitting the cores costs: {PAIR} = {median[PAIR] / median['1 rank']:.2f}x 1 rank")
+    return {"one_rank_fps": round(median["1 rank"]), "two_ranks_fps": round(median["2 ranks"]),
+            "two_ranks_over_one": round(median["2 ranks"] / median["1 rank"], 2),
+            "pair_over_one": round(median[PAIR] / median["1 rank"], 2),
+            "two_ranks_over_pair": round(median["2 ranks"] / median[PAIR], 2)}
 
 
 # --------------------------------------------------------------------------------------
@@ -256,7 +261,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def allreduce_share(args) -> None:
+def allreduce_share(args) -> float:
+    """Prints each rank's timings; returns the all-reduce's share of a step, rank 0's."""
     import multiprocessing
 
     from fastrl.envs.registry import get_spec
@@ -284,6 +290,8 @@ def allreduce_share(args) -> None:
               f"{med['allreduce'] / med['step_allreduce']:.1%} of a step (medians of {len(r['times']['step'])}); "
               f"an all-reduce of 4 numbers {med['tiny'] * 1e3:.0f} us (median), "
               f"{statistics.quantiles(r['times']['tiny'], n=10)[-1] * 1e6:.0f} us (p90) of {len(r['times']['tiny'])}")
+    times = results[0]["times"]
+    return statistics.median(times["allreduce"]) / statistics.median(times["step_allreduce"])
 
 
 def main() -> int:
@@ -302,14 +310,18 @@ def main() -> int:
     parser.add_argument("--skip_slow_rank", action="store_true", help="leave out part 2")
     parser.add_argument("--skip_allreduce", action="store_true", help="leave out part 3")
     args = parser.parse_args()
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores ({len(os.sched_getaffinity(0))} usable), "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores "
+          f"({len(os.sched_getaffinity(0))} usable), {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    figure = {}
     if not args.skip_runs:
-        scale_runs(args)
+        figure.update(scale_runs(args))
     if not args.skip_slow_rank:
         slow_rank(args)
     if not args.skip_allreduce:
-        allreduce_share(args)
+        figure["allreduce_share_of_doom_battle_step"] = round(allreduce_share(args), 3)
+    if figure:  # the slow rank alone has no headline figure
+        records.append(f"scale_out_{args.env}", figure, records.this_command())
     return 0
 
 

@@ -8,7 +8,8 @@ policies under `--with_pbt true`, alternating per seed so that both see the same
 machine load, and prints for each run: env frames/s from launch and trained env
 frames/s from the first trained batch on (summary.json), and the return of the best
 policy (the mean of its last 100 episodes; for one policy, its own). The cost of P
-policies is the ratio of their frames/s to one policy's, measured in the same session.
+policies is the ratio of their frames/s to one policy's, measured under the same load,
+and goes to benchmarks/results/several_policies_<env>.jsonl.
 Extra options (after the known ones) go to both runs; `--pbt_period_env_steps`
 defaults here to a tenth of each policy's share of the budget, so that a run sees
 about ten rounds.
@@ -25,7 +26,7 @@ import sys
 import tempfile
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 from fastrl.envs.registry import get_spec
 
 
@@ -62,6 +63,10 @@ def _median(values: list):
     return statistics.median(known) if known else None
 
 
+def _rounded(value):
+    return None if value is None else round(value, 2)
+
+
 def _text(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -76,7 +81,7 @@ def main() -> int:
                         help="Keep each run's experiment here (<env>_<P>p_seed<S>), for fastrl.plot --by_policy; "
                              "by default they go to a temporary folder.")
     args, train_args = parser.parse_known_args()
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB; load average {os.getloadavg()[0]:.1f}")
     print(f"{args.env}, {args.frames:,} env frames per run, 1 policy against {args.policies} with PBT; "
           f"extra options: {' '.join(train_args) or 'none'}")
@@ -100,6 +105,12 @@ def main() -> int:
     print(f"{args.policies} policies / 1 policy: {many['fps'] / one['fps']:.2f}x fps from launch, "
           f"{many['trained_fps'] / one['trained_fps']:.2f}x trained in steady state; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
+    records.append(f"several_policies_{args.env}",
+                   {"policies": args.policies, "fps_ratio_from_launch": round(many["fps"] / one["fps"], 2),
+                    "trained_fps_ratio": round(many["trained_fps"] / one["trained_fps"], 2),
+                    "best_return_one_policy": _rounded(one["best_return"]),
+                    "best_return_several": _rounded(many["best_return"]),
+                    "frames": args.frames}, records.this_command())
     return 0
 
 

@@ -16,7 +16,8 @@ unmapped) and the /dev/shm entries that appeared since it started. It prints a
 table of RSS, judges each group's USS "flat after warm-up" (growth from the first sample
 after --warmup_minutes to the last below --max_growth_pct percent or
 --max_growth_mb MB per process, whichever is larger; shared memory must not grow
-at all) and writes everything to --json.
+at all), writes everything to --json and records each env's verdict in
+benchmarks/results/soak_<env>_<minutes>min.jsonl.
 """
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ import tempfile
 import time
 
 import psutil
-
-from fastrl.tuning.profiling import cpu_model
+import records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1024 * 1024
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
         for env in envs:
             results.append(soak(env, args, extra, out_dir))
     finally:
-        report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+        report = {"machine": {"cpu": records.cpu_model(), "cores": os.cpu_count(),
                               "python": platform.python_version()},
                   "settings": {k: v for k, v in vars(args).items() if k != "json"}, "extra_train_args": extra,
                   "runs": results}
@@ -313,6 +313,14 @@ def main(argv=None) -> int:
         print(f"soak: results in {args.json}")
         if tmp is not None:
             tmp.cleanup()
+    for r in results:
+        memory = r["verdict"].get("checks", {}).get("all processes", {})
+        records.append(f"soak_{r['env'].replace(':', '_')}_{args.minutes:g}min",
+                       {"verdict": {True: "FLAT", False: "NOT FLAT"}.get(r["verdict"]["flat"], "NO VERDICT"),
+                        "all_processes_uss_mb": [memory.get("uss_mb_from"), memory.get("uss_mb_to")],
+                        "exit_code": r["exit_code"], "processes_left": len(r["left_behind"]),
+                        "new_shm_entries_after_exit": len(r["new_shm_entries_after_exit"])},
+                       records.this_command())
     ok = all(r["verdict"]["flat"] and r["exit_code"] == 0 and not r["left_behind"] for r in results)
     return 0 if ok else 1
 

@@ -16,7 +16,8 @@ Reports, per case, the median over the launches of the seconds from launch to
   runner process's creation, the command's launch);
 and the timeline of where the seconds went, from the marks every process writes
 with FASTRL_TIMELINE set (fastrl/plumbing/timeline.py): each event's first and last
-time, median over the launches. Time it on a quiet machine: nothing else should
+time, median over the launches. Each case's median first batch goes to
+benchmarks/results/startup_<env>_<case>.jsonl. Time it on a quiet machine: nothing else should
 be running (`ps aux`), or say that the numbers come from a shared CPU.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ import tempfile
 import time
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 
 from fastrl.plumbing.timeline import ENV_VAR, read
 
@@ -128,7 +129,7 @@ def main() -> int:
     unknown = set(args.cases.split(",")) - {"cold", "warm"}
     if unknown:
         parser.error(f"--cases takes cold and warm, not {', '.join(sorted(unknown))}")
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
     print("command: python -m fastrl.train --env", args.env, *train_args, flush=True)
     results = {}
@@ -143,9 +144,14 @@ def main() -> int:
                                        args.timeout))
         results[case] = runs
         report(case, runs)
+        seconds = [round(r["first_batch_s"], 2) for r in runs]
+        records.append(f"startup_{args.env}_{case}",
+                       {"first_batch_median_s": round(statistics.median(seconds), 2), "first_batch_s": seconds,
+                        "plan": sorted({r["lines"].get("plan", "no plan") for r in runs})},
+                       records.this_command())
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"machine": cpu_model(), "results": results}, fh, indent=1)
+            json.dump({"machine": records.cpu_model(), "results": results}, fh, indent=1)
     return 0
 
 

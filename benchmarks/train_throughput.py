@@ -6,7 +6,8 @@ Runs the trainer as a user would, for --seconds from launch, and reports:
 - from launch: env frames / wall seconds (summary.json `fps`: start-up included);
 - steady state: the env frames/s of the status lines after --warmup seconds,
   averaged (frames = agent steps x frameskip, so Doom's 4 frames per step count 4).
-It prints the machine, the exact command and the plan the run chose.
+It prints the machine, the exact command and the plan the run chose, and records both
+rates in benchmarks/results/train_throughput_<env>.jsonl.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import sys
 import tempfile
 
 import psutil
-from cartpole_time_to_score import cpu_model  # the same machine line in every benchmark
+import records
 
 STATUS = re.compile(r"^\[\s*([\d.]+)s\] frames [\d,]+ \| ([\d,]+) fps .* trained ([\d,]+) samples/s")
 
@@ -31,7 +32,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--warmup", type=float, default=60.0)
     args, train_args = parser.parse_known_args()
-    print(f"machine: {cpu_model()}, {psutil.cpu_count()} logical cores, "
+    print(f"machine: {records.cpu_model()}, {psutil.cpu_count()} logical cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
     with tempfile.TemporaryDirectory() as train_dir:
         cmd = [sys.executable, "-m", "fastrl.train", "--env", args.env, "--train_for_seconds", str(args.seconds),
@@ -48,11 +49,14 @@ def main() -> int:
             print(line)
     print(f"from launch: {summary['env_frames']:,} env frames in {summary['wall_seconds']:.0f} s = "
           f"{summary['fps']:,.0f} env frames/s; mean return(100) {summary['mean_return_100']}")
+    figure = {"steady_fps": None, "trained_samples_per_s": None, "launch_fps": round(summary["fps"])}
     if steady:
         fps = statistics.mean(s[0] for s in steady)
         trained = statistics.mean(s[1] for s in steady)
         print(f"steady state (after {args.warmup:g} s, {len(steady)} status lines): {fps:,.0f} env frames/s, "
               f"{trained:,.0f} samples/s trained")
+        figure.update(steady_fps=round(fps), trained_samples_per_s=round(trained))
+    records.append(f"train_throughput_{args.env}", figure, records.this_command())
     return 0
 
 

@@ -67,6 +67,8 @@ import subprocess
 import sys
 import time
 
+import records
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_VENV = os.path.join(REPO, "benchmarks", ".venv-sf")
 DEFAULT_TRAIN_DIR = "/tmp/fastrl_vs_sf"
@@ -536,21 +538,12 @@ def still_starting(halves: tuple | None) -> bool:
 
 
 def machine(device: str = "cpu") -> dict:
-    from fastrl.tuning.profiling import cpu_model  # the CPU by its generation, as every benchmark names it
-
-    cpu = cpu_model()
+    cpu = records.cpu_model()
     try:
         with open("/proc/meminfo") as fh:
             mem_gib = int(fh.readline().split()[1]) / 2**20
     except (OSError, ValueError, IndexError):
         mem_gib = float("nan")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                    capture_output=True, text=True).stdout.strip())
-    except OSError:
-        commit, dirty = "?", False
     try:
         import torch
         torch_version = torch.__version__
@@ -565,7 +558,7 @@ def machine(device: str = "cpu") -> dict:
             "cpu": cpu, "logical_cpus": os.cpu_count(), "memory_gib": round(mem_gib, 1),
             "gpu": gpu_name() if device == "cuda" else "none used (--device cpu on both sides)",
             "os": platform.platform(), "python": platform.python_version(),
-            "fastrl_commit": commit + ("+uncommitted changes" if dirty else ""),
+            "fastrl_commit": records.git_commit() or "?",
             "fastrl_torch": torch_version, "fastrl_vizdoom": vizdoom_version}
 
 
@@ -742,7 +735,28 @@ def main(argv=None) -> int:
                                       f"trained after --skip) or a traceback "
                                       f"(see {x['log']})" for x in failed), file=sys.stderr)
         return 1
+    records.append(f"vs_sample_factory_{args.scenario}" + ("_gpu" if args.device == "cuda" else ""),
+                   headline(summary, envcheck, results), records.this_command())
     return 0
+
+
+def headline(summary: dict, envcheck: dict, results: list) -> dict:
+    """The figures a record keeps: the median ratios, the trained rates behind the
+    first, the envs' own ratio, and any run still starting in its window."""
+    def ratio(key):
+        value = summary[key]["median_ratio"]
+        return None if value is None else round(value, 2)
+
+    figure = {"trained_steady_ratio": ratio("trained_window_fps"), "trained_launch_ratio": ratio("trained_launch_fps"),
+              "stepped_steady_ratio": ratio("stepped_window_fps"),
+              "fastrl_trained_steady_fps": round(summary["trained_window_fps"]["fastrl_median"]),
+              "sf_trained_steady_fps": round(summary["trained_window_fps"]["sf_median"])}
+    if envcheck.get("fastrl") and envcheck.get("sf"):
+        figure["env_only_ratio"] = round(envcheck["fastrl"] / envcheck["sf"], 2)
+    starting = [f"{x['side']} round {x['round']}" for x in results if still_starting(x.get("window_halves_fps"))]
+    if starting:
+        figure["still_starting"] = starting
+    return figure
 
 
 if __name__ == "__main__":

@@ -118,6 +118,18 @@ def test_table_gives_medians_over_seeds_and_counts_seeds_that_reached():
     assert rows["fastrl (lr3e-4)"].split("|")[5:8] == [" - ", " - ", " - "]
 
 
+def test_the_headline_record_gives_each_systems_medians_like_the_table():
+    runs = [_record("fastrl", 0, 8.0, 480.0, 1), _record("fastrl", 1, 12.0, 500.0, 1),
+            _record("fastrl", 2, None, 200.0, 1),
+            _record("sb3", 0, 50.0, 450.0, 1), _record("sb3", 1, None, 150.0, 1), _record("sb3", 2, None, None, 1)]
+    assert ls.headline(runs) == {
+        "seeds": [0, 1, 2],
+        "fastrl_time_to_target_s": 12.0, "fastrl_reached": "2/3", "fastrl_return_at_budget": 480.0,
+        "sb3_time_to_target_s": None, "sb3_reached": "1/3", "sb3_return_at_budget": 300.0}
+    # No target: the return at the budget alone.
+    assert ls.headline([_record("sf", 0, None, 5.0, 1, target=None)]) == {"seeds": [0], "sf_return_at_budget": 5.0}
+
+
 def test_a_rerun_replaces_its_older_record(tmp_path):
     path = tmp_path / "results.jsonl"
     with open(path, "w") as fh:
