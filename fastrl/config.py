@@ -78,10 +78,8 @@ class Config:
                                   "Exact with --inference local and one policy; with policy workers each worker's second env half "
                                   "keeps a buffer of its own, which may add up to 1 + workers / (buffers per batch) "
                                   "batches of lag.")
-    plan: str = _opt("auto", "Process layout: 'auto' profiles this machine for a second or two (a few at most on a busy machine, "
-                     "whose profile is not cached) and picks workers, envs, "
-                     "inference placement and learner threads (options you set are kept); 'off' uses the options as given; "
-                     "or a plan.json to reuse.")
+    plan: str = _opt("auto", "Process layout: 'auto' picks workers, envs, inference and learner threads from a "
+                     "profile of this machine and earlier runs; 'fresh' forgets those first; 'off' or a plan.json.")
     worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes. With more busy processes than cores, "
                             "Linux shares the CPU by weight, and a higher value shifts it from the actors to the learner; "
                             "--plan auto sets it so the learner gets the share its cost needs.")
@@ -454,8 +452,8 @@ def validate(cfg: Config, writes: bool = True) -> None:
         if cfg.dist_backend == "nccl" and (cfg.device == "cpu" or not torch.cuda.is_available()):
             raise ConfigError("--dist_backend nccl all-reduces CUDA tensors, but this run's learner computes on the CPU; "
                               "use --dist_backend gloo or auto.")
-    if cfg.plan not in ("auto", "off") and not os.path.isfile(cfg.plan):
-        raise ConfigError(f"--plan {cfg.plan} is neither auto, off nor a plan.json file; check the path.")
+    if cfg.plan not in ("auto", "fresh", "off") and not os.path.isfile(cfg.plan):
+        raise ConfigError(f"--plan {cfg.plan} is neither auto, fresh, off nor a plan.json file; check the path.")
     if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
         raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
     reason = cannot_write(cfg.experiment_dir, folder=True) if writes else None

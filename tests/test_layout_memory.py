@@ -1,21 +1,26 @@
 """Earlier runs' trained rates against their predictions move the next plan: per
-inference mode, per machine and setup, and only from runs long enough to say."""
+inference mode, per machine and setup, and only from runs that measured their layout."""
 import dataclasses
+import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+from helpers import TEST_ENVS_ON_PATH, TrainRun
 
 from fastrl.algo.model import Precision
 from fastrl.config import Config
 from fastrl.tuning import layout_memory
-from fastrl.tuning.planner import UNTRIED_MARGIN, Costs, choose, describe
+from fastrl.tuning.planner import UNTRIED_MARGIN, Costs, Recall, choose, describe
 
 FP32 = Precision("fp32", "fp32", "test")
-LONG = layout_memory.MIN_TRAINING_S
 
-# doom_battle's profile on the Intel Xeon (family 6 model 207) of the thirty-eighth
-# session, its learner at the compiled 0.9x: the model puts 2 x 64 envs with a
-# policy worker 3% ahead of 2 x 32 local, which trained 1.24-1.31x faster.
+# A doom_battle profile on a 2-core machine, its learner at the compiled 0.9x: the
+# model puts 2 x 64 envs with a policy worker 3% ahead of 2 x 32 local.
 BATTLE = Costs(cores=2, env_s=731e-6,
                forward_s={4: 1378e-6, 8: 882e-6, 16: 575e-6, 32: 455e-6, 64: 337e-6, 128: 297e-6},
                train_s={1: 0.9 * 950e-6, 2: 0.9 * 492e-6})
@@ -35,7 +40,7 @@ def test_a_mode_that_trained_below_the_model_loses_the_near_tie_it_won():
     assert (plan.inference, plan.num_workers, plan.num_envs_per_worker) == ("policy_worker", 2, 64)
     model_rate = plan.predicted["trained_steps_per_s"]
 
-    both = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": 0.94, "local": 1.2})
+    both = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": 0.94, "local": 1.2}))
     p = both.predicted
     assert (both.inference, both.num_workers, both.num_envs_per_worker) == ("local", 2, 32)
     assert p["trained_steps_per_s"] == pytest.approx(1.2 * p["model_trained_steps_per_s"])
@@ -43,24 +48,30 @@ def test_a_mode_that_trained_below_the_model_loses_the_near_tie_it_won():
     line = describe(both, 4)
     assert (f"predicted {p['trained_steps_per_s'] * 4:,.0f} env frames/s trained: the model's "
             f"{p['model_trained_steps_per_s'] * 4:,.0f} (production") in line
-    assert "at 1.20x, as earlier runs with local inference trained here; policy lag <=" in line
+    assert "at 1.20x, as earlier runs with local inference trained here;" in line
+    # The plan line says the memory overrode the model, and what the model would run.
+    assert (f"the model alone would run 2 rollout worker(s) x 64 envs, inference policy_worker (1 policy "
+            f"worker(s)) at {model_rate * 4:,.0f}; policy lag <=") in line
     assert model_rate == pytest.approx(plan.predicted["trained_steps_per_s"])
+    # Where the memory agrees with the model, the line says nothing of an override.
+    agree = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": 1.0, "local": 0.9}))
+    assert agree.inference == "policy_worker" and "model alone" not in describe(agree, 4)
 
 
 @pytest.mark.parametrize("measured", [0.94, 1.19])
 def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured):
-    # Whether the policy worker trained below its prediction or above it (the profile
-    # taken beside starting engines read every cost high), local inference, which
-    # the model puts 3% behind, takes the same scale and is run to be measured.
-    after = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": measured})
+    # Whether the policy worker trained below its prediction or above it, local
+    # inference, which the model puts 3% behind, takes the same scale and is run to
+    # be measured.
+    after = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": measured}))
     p = after.predicted
     assert (after.inference, after.num_workers, after.num_envs_per_worker) == ("local", 2, 32)
     assert p["untried"] and p["measured_scale"] == pytest.approx(measured)
     assert p["trained_steps_per_s"] == pytest.approx(measured * p["model_trained_steps_per_s"])
     assert (f"at {measured:.2f}x, as earlier runs of the other inference mode trained here (none here has "
-            "measured local inference yet); policy lag <=") in describe(after, 4)
+            "measured local inference yet);") in describe(after, 4)
     # Once local has a run of its own, the two modes' measurements decide.
-    slow_local = choose(BATTLE, battle(), explicit=set(), scales={"policy_worker": measured, "local": 0.7})
+    slow_local = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": measured, "local": 0.7}))
     assert slow_local.inference == "policy_worker" and not slow_local.predicted.get("untried")
 
 
@@ -73,7 +84,7 @@ def test_a_mode_the_model_puts_far_behind_is_not_tried():
     local = choose(costs, dataclasses.replace(battle(), inference="local"), explicit={"inference"})
     assert first.inference == "policy_worker"
     assert local.predicted["trained_steps_per_s"] < (1 - UNTRIED_MARGIN) * first.predicted["trained_steps_per_s"]
-    again = choose(costs, battle(), explicit=set(), scales={"policy_worker": 1.0})
+    again = choose(costs, battle(), explicit=set(), memory=Recall({"policy_worker": 1.0}))
     assert again.inference == "policy_worker" and not again.predicted.get("untried")
 
 
@@ -84,27 +95,75 @@ def test_a_mode_the_model_puts_far_ahead_survives_a_bad_run():
     setup = Config(env="CartPole-v1", max_policy_lag=100)
     low = layout_memory.SCALE_BOUNDS[0]
     assert choose(costs, setup, explicit=set()).inference == "policy_worker"
-    assert choose(costs, setup, explicit=set(), scales={"policy_worker": low}).inference == "policy_worker"
+    assert choose(costs, setup, explicit=set(), memory=Recall({"policy_worker": low})).inference == "policy_worker"
 
 
-def test_runs_are_remembered_per_mode_from_the_last_few_long_ones(cache):
+def remember_runs(setup, inference, ratios, now=None):
+    for r in ratios:
+        layout_memory.remember(setup, FP32, inference, 1000.0, 1000.0 * r, now=now)
+
+
+def test_a_trial_that_trained_slower_is_dropped_and_retried_only_after_many_runs(cache):
+    # The run the model ranks first (a policy worker) measured at 1.06x; local, tried
+    # once at the borrowed scale, measured 0.77x of its model: the next plan goes back
+    # to the policy worker, and local is tried again only after RETRY_AFTER runs.
     setup = battle()
-    assert layout_memory.scales(setup, FP32) == {}
-    assert not layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 500.0, training_s=LONG - 1)
-    assert layout_memory.scales(setup, FP32) == {}
-    for trained in (940.0, 1000.0, 900.0):
-        assert layout_memory.remember(setup, FP32, "policy_worker", 1000.0, trained, training_s=LONG)
-    assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94)}
-    layout_memory.remember(setup, FP32, "local", 1000.0, 1160.0, training_s=LONG)
-    assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94), "local": pytest.approx(1.16)}
-    # The median of the last KEPT_RUNS: older runs drop out as the machine changes.
-    for _ in range(layout_memory.KEPT_RUNS):
-        layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 1050.0, training_s=LONG)
-    assert layout_memory.scales(setup, FP32)["policy_worker"] == pytest.approx(1.05)
+    remember_runs(setup, "policy_worker", [1.06])
+    trial = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
+    assert trial.inference == "local" and trial.predicted["untried"]
+    remember_runs(setup, "local", [0.77])
+    plans = []
+    for _ in range(layout_memory.RETRY_AFTER):
+        plan = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
+        plans.append(plan.inference)
+        remember_runs(setup, plan.inference, [1.06])
+    assert plans == ["policy_worker"] * layout_memory.RETRY_AFTER
+    retry = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
+    assert retry.inference == "local" and retry.predicted["retry"]
+    assert "(local inference is tried again: its runs here are old);" in describe(retry, 4)
+    # Measured fast this time: its upper quartile now puts it ahead, and it stays.
+    remember_runs(setup, "local", [1.3])
+    assert choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32)).inference == "local"
+
+
+def test_a_scale_is_the_upper_quartile_of_the_last_runs_within_a_month(cache):
+    setup = battle()
+    assert layout_memory.recall(setup, FP32).scales == {}
+    remember_runs(setup, "policy_worker", [0.94, 1.0, 0.9])
+    assert layout_memory.recall(setup, FP32).scales == {"policy_worker": pytest.approx(0.97)}
+    # One run slowed by something the gate did not see barely moves it.
+    remember_runs(setup, "policy_worker", [0.46])
+    assert layout_memory.recall(setup, FP32).scales["policy_worker"] == pytest.approx(0.955)
+    # The last KEPT_RUNS of a mode: older runs drop out as the machine changes.
+    remember_runs(setup, "policy_worker", [1.05] * layout_memory.KEPT_RUNS)
+    assert layout_memory.recall(setup, FP32).scales["policy_worker"] == pytest.approx(1.05)
     # Bounded: however low its runs read, a mode keeps the lowest scale of its prediction.
-    for trained in (10.0, 10.0, 10.0, 10.0, 10.0):
-        layout_memory.remember(setup, FP32, "local", 1000.0, trained, training_s=LONG)
-    assert layout_memory.scales(setup, FP32)["local"] == layout_memory.SCALE_BOUNDS[0]
+    remember_runs(setup, "local", [0.1] * 3)
+    assert layout_memory.recall(setup, FP32).scales["local"] == layout_memory.SCALE_BOUNDS[0]
+    # A month on, nothing is left.
+    later = layout_memory.time.time() + layout_memory.MAX_AGE_S + 1
+    assert layout_memory.recall(setup, FP32, now=later).scales == {}
+    layout_memory.forget(setup, FP32)
+    assert layout_memory.recall(setup, FP32) == Recall()
+
+
+WINDOW = layout_memory.RunWindow(seconds=120.0, foreign_cores=0.02, cores=2, longest_stall_s=0.0, step_s=0.5,
+                                 restarts=0, policies=1, compiling=False)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({}, ""),
+    ({"policies": 2}, "a run of 2 policies"),
+    ({"seconds": 10.0}, "its steady window was 10 s, under 30 s"),
+    ({"foreign_cores": 0.9}, "other programs took 0.90 of its 2 cores"),
+    ({"foreign_cores": None}, ""),  # not Linux: nothing to say it was disturbed
+    ({"restarts": 1}, "1 restart(s) during the run"),
+    ({"longest_stall_s": 12.0}, "the learner trained nothing for 12 s"),
+    ({"longest_stall_s": 12.0, "step_s": 4.0}, ""),  # a slow learner's step, not a stall
+    ({"compiling": True}, "a compile ended inside the window"),
+])
+def test_only_a_run_that_measured_its_layout_is_evidence(change, words):
+    assert layout_memory.why_not_a_measure(WINDOW._replace(**change)) == words
 
 
 @pytest.mark.parametrize("other", [
@@ -113,62 +172,49 @@ def test_runs_are_remembered_per_mode_from_the_last_few_long_ones(cache):
 ])
 def test_another_setup_precision_or_device_has_a_memory_of_its_own(cache, other):
     setup = battle()
-    layout_memory.remember(setup, FP32, "local", 1000.0, 1200.0, training_s=LONG)
+    remember_runs(setup, "local", [1.2])
     elsewhere = dataclasses.replace(setup, **other.get("cfg", {}))
-    assert layout_memory.scales(elsewhere, other.get("precision", FP32)) == {}
-    assert layout_memory.scales(setup, FP32) == {"local": pytest.approx(1.2)}
+    assert layout_memory.recall(elsewhere, other.get("precision", FP32)).scales == {}
+    assert layout_memory.recall(setup, FP32).scales == {"local": pytest.approx(1.2)}
 
 
 def test_an_unreadable_memory_is_no_memory(cache):
     setup = battle()
-    layout_memory.remember(setup, FP32, "local", 1000.0, 1200.0, training_s=LONG)
+    remember_runs(setup, "local", [1.2])
     path = layout_memory._path(setup, FP32)
-    for text, scales in (("{not json", {}), ("[1, 2]", {}),
-                         ('{"local": "fast", "policy_worker": [0.9, -1, "x"]}', {"policy_worker": 0.9})):
+    now = layout_memory.time.time()
+    good = {"inference": "policy_worker", "ratio": 0.9, "at": now, "n": 1}
+    for text, scales in (("{not json", {}), ("[1, 2]", {}), ('{"runs": "many"}', {}),
+                         (json.dumps({"runs": [{"inference": "local", "ratio": "fast", "at": now, "n": 2},
+                                               {"inference": "local", "ratio": -1, "at": now, "n": 3}, good],
+                                      "count": "x"}), {"policy_worker": 0.9})):
         with open(path, "w") as fh:
             fh.write(text)
-        assert layout_memory.scales(setup, FP32) == pytest.approx(scales)
+        assert layout_memory.recall(setup, FP32).scales == pytest.approx(scales)
+    remember_runs(setup, "local", [1.1])  # a damaged count starts again from the runs
+    assert layout_memory.recall(setup, FP32).scales == pytest.approx({"policy_worker": 0.9, "local": 1.1})
 
 
-def test_the_plan_takes_what_runs_measured_and_a_run_remembers_what_it_trained(cache, monkeypatch):
-    # The runner's side: make_plan scales by the memory, and a finished run that trained
-    # long enough adds its own rate against the model's prediction (not the scaled one).
+def test_the_plan_takes_what_runs_measured_and_fresh_forgets_it(cache, monkeypatch, capsys):
     import gymnasium
 
     from fastrl.runtime import runner
     from fastrl.tuning import profiling
 
-    monkeypatch.setattr(profiling, "cached_costs", lambda *args: (BATTLE, True, False))
+    profiled = []
+    monkeypatch.setattr(profiling, "cached_costs",
+                        lambda *args, fresh=False, **kwargs: profiled.append(fresh) or (BATTLE, not fresh, False))
     screen = type("Env", (), {"observation_space": gymnasium.spaces.Box(0, 255, (3, 72, 128), "uint8")})()
     setup = dataclasses.replace(battle(), compile_learner="off", device="cpu")
     assert runner.make_plan(setup, set(), screen, resuming=False, precision=FP32).inference == "policy_worker"
-    layout_memory.remember(setup, FP32, "policy_worker", 1000.0, 940.0, training_s=LONG)
+    remember_runs(setup, "policy_worker", [0.94])
     plan = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
     assert plan.inference == "local" and plan.predicted["untried"]
-
-    class Finished:  # what _finish reads of a Runner that trained `seconds` at `rate`
-        def __init__(self, seconds, rate, made_here=True):
-            self.rank, self.cfg, self.plan, self.precision = runner.SOLO, setup, plan, FP32
-            self.plan_made_here = made_here
-            self.spec = type("Spec", (), {"frameskip": 4})()
-            self.training_since = runner.time.time() - seconds
-            self.metrics, self.rate, self.frames_offset = {}, rate, 0
-
-        def steady_trained_steps_per_s(self):
-            return self.rate
-
-        def __getattr__(self, name):  # the summary and the closing line: not what this test checks
-            return lambda *args, **kwargs: 0.0 if name in ("env_frames", "mean_return") else None
-
-    model = plan.predicted["model_trained_steps_per_s"]  # what local's runs are measured against
-    runner.Runner._finish(Finished(LONG + 1, 1.2 * model), 100.0, "done", [], failed=False)
-    runner.Runner._finish(Finished(LONG + 1, 0.5 * model), 100.0, "done", [], failed=True)  # a failure: not kept
-    runner.Runner._finish(Finished(5, 0.5 * model), 100.0, "done", [], failed=False)  # too short: not kept
-    # A plan read from a file (--plan PATH, a resume) may come from another machine: not kept.
-    runner.Runner._finish(Finished(LONG + 1, 0.5 * model, made_here=False), 100.0, "done", [], failed=False)
-    assert layout_memory.scales(setup, FP32) == {"policy_worker": pytest.approx(0.94), "local": pytest.approx(1.2)}
-    again = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
-    assert again.predicted["measured_scale"] == pytest.approx(1.2)
+    fresh = runner.make_plan(dataclasses.replace(setup, plan="fresh"), set(), screen, resuming=False, precision=FP32)
+    assert fresh.inference == "policy_worker" and "measured_scale" not in fresh.predicted
+    assert profiled == [False, False, True]
+    assert "--plan fresh: this setup's profile and earlier runs here are forgotten" in capsys.readouterr().out
+    assert layout_memory.recall(setup, FP32) == Recall()
 
 
 def test_a_run_plans_afresh_unless_given_a_plan_or_resuming_with_its_own(tmp_path):
@@ -183,6 +229,7 @@ def test_a_run_plans_afresh_unless_given_a_plan_or_resuming_with_its_own(tmp_pat
         fh.write("{}")
     assert plan_file(setup, resuming=True) == saved
     assert plan_file(setup, resuming=False) is None
+    assert plan_file(dataclasses.replace(setup, plan="fresh"), resuming=True) is None  # fresh always plans
     given = str(tmp_path / "mine.json")
     assert plan_file(dataclasses.replace(setup, plan=given), resuming=False) == given
 
@@ -199,10 +246,96 @@ def test_the_rate_a_run_remembers_is_its_second_halfs():
     class Trained:
         training_since = now - 100.0
         ctx = type("Ctx", (), {"board": board})()
+        _stopped_at = None
+        _mark_now = runner.Runner._mark_now
+        steady_window = runner.Runner.steady_window
 
     run = Trained()
-    run._trained_marks = [(now - 100.0 + t, 20.0 * min(t, 50.0) + 100.0 * max(t - 50.0, 0.0))
+    run._trained_marks = [runner.TrainedMark(now - 100.0 + t, 20.0 * min(t, 50.0) + 100.0 * max(t - 50.0, 0.0), None)
                           for t in range(10, 100, 10)]
     assert runner.Runner.steady_trained_steps_per_s(run) == pytest.approx(100.0, rel=0.01)
-    run._trained_marks = []
+    # The window closes where the loop stopped, not 30 s later, after the shutdown.
+    run.training_since -= 30.0
+    run._trained_marks = [m._replace(at=m.at - 30.0) for m in run._trained_marks]
+    assert runner.Runner.steady_trained_steps_per_s(run) < 70.0
+    run._stopped_at = runner.TrainedMark(now - 30.0, 6000.0, None)
+    assert runner.Runner.steady_trained_steps_per_s(run) == pytest.approx(100.0, rel=0.01)
+    run.training_since, run._trained_marks, run._stopped_at = now - 100.0, [], None
     assert runner.Runner.steady_trained_steps_per_s(run) == pytest.approx(60.0, rel=0.01)
+
+
+SHORT = ["--env", "CartPole-v1", "--status_every_seconds", "1", "--hidden_sizes", "16"]
+
+
+def memory_files(cache_home) -> list:
+    folder = os.path.join(cache_home, "fastrl", "profiles")
+    files = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name)) as fh:
+            if "runs" in json.load(fh):
+                files.append(os.path.join(folder, name))
+    return files
+
+
+def kept_runs(cache_home) -> int:
+    files = memory_files(cache_home)
+    if not files:
+        return 0
+    (path,) = files
+    with open(path) as fh:
+        return len(json.load(fh)["runs"])
+
+
+def short_run(tmp_path, cache_home, *args, during=None, seconds=14):
+    """A CartPole run judged by the layout memory on a 3-s window; `during(run)` is
+    called once it trains. Returns its output."""
+    run = TrainRun([*SHORT, "--train_dir", str(tmp_path), "--train_for_seconds", str(seconds), *args],
+                   module="short_window_train", env={**TEST_ENVS_ON_PATH, "XDG_CACHE_HOME": str(cache_home)})
+    try:
+        if during is not None:
+            run.wait_for_line(lambda line: "first batch trained" in line, 60)
+            during(run)
+        assert run.wait(90) == 0, run.output()
+    finally:
+        run.kill_all()
+    assert not run.leftover_processes()
+    return run.output()
+
+
+def burn(cores: int, seconds: float) -> None:
+    """Keep `cores` cores busy for `seconds` in other processes, as a second job would."""
+    burners = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 60: pass"])
+               for _ in range(cores)]
+    try:
+        time.sleep(seconds)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
+def stop_learner(run, seconds: float) -> None:
+    """SIGSTOP the run's learner for `seconds`, as a frozen machine or a debugger would."""
+    time.sleep(4)  # into the second half of the training
+    run._note_descendants()
+    (pid,) = [p for p, title in run.titles.items() if title.startswith("fastrl: learner")]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_quiet_run_is_remembered_and_a_disturbed_stopped_or_shared_one_is_not(tmp_path):
+    cache_home = tmp_path / "cache"
+    out = short_run(tmp_path / "quiet", cache_home)
+    assert "this rate is kept for the next plan of this setup" in out
+    assert kept_runs(cache_home) == 1
+
+    out = short_run(tmp_path / "burnt", cache_home, during=lambda run: burn(2, 9))
+    assert re.search(r"this rate is not kept for the next plan: other programs took [0-9.]+ of its \d+ cores", out), out
+    out = short_run(tmp_path / "stopped", cache_home, during=lambda run: stop_learner(run, 7))
+    assert re.search(r"this rate is not kept for the next plan: the learner trained nothing for \d+ s", out), out
+    out = short_run(tmp_path / "two", cache_home, "--num_policies", "2")
+    assert "this rate is not kept for the next plan: a run of 2 policies" in out
+    assert kept_runs(cache_home) == 1

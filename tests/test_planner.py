@@ -348,7 +348,8 @@ def test_a_profile_past_its_cap_times_each_call_once_and_is_neither_cached_nor_s
     (counts,) = timed
     assert plan is not None and set(counts.values()) == {1}
     assert {key[0] for key in counts} == {"forward", "train"}
-    assert "the planner's profile hit its 0-s cap: its numbers were taken under load" in capsys.readouterr().out
+    assert ("the planner's profile was taken on a busy machine (other programs took the cores, or it hit its 0-s "
+            "cap)") in capsys.readouterr().out
     assert not (tmp_path / "fastrl" / "profiles").exists()  # (the learner's allocator is built there too)
 
 
@@ -544,7 +545,7 @@ def test_the_plan_takes_the_learners_compiled_cost_once_a_run_of_the_setup_measu
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     eager = Costs(cores=2, env_s=20e-6, forward_s=CHEAP_MODEL, train_s={1: 1e-3})
-    monkeypatch.setattr(profiling, "cached_costs", lambda *args: (eager, True, False))
+    monkeypatch.setattr(profiling, "cached_costs", lambda *args, **kwargs: (eager, True, False))
     images = type("Env", (), {"observation_space": gymnasium.spaces.Box(0, 255, (3, 36, 64), "uint8")})()
     setup = cfg(use_rnn=True, device="cpu")
     fp32 = Precision("fp32", "fp32", "test")

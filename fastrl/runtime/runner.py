@@ -21,7 +21,7 @@ import shutil
 import signal
 import sys
 import time
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional
 
 import faster_fifo
 import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to spawned children)
@@ -61,6 +61,7 @@ from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_S
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, learner_main
+from fastrl.plumbing import machine_load
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
@@ -128,6 +129,13 @@ def exit_cause(exitcode) -> str:
         except ValueError:
             return f"was killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
+
+
+class TrainedMark(NamedTuple):
+    """At a report: the time, this rank's samples trained, and the cores' CPU time."""
+    at: float
+    trained: float
+    cpu: Optional[machine_load.CpuSample]
 
 
 class Failure(NamedTuple):
@@ -206,6 +214,8 @@ class _StopSignals:
 def plan_file(cfg: Config, resuming: bool) -> Optional[str]:
     """The plan.json a run with --plan auto or PATH takes instead of planning afresh:
     PATH, or the experiment's own when it resumes; None where it plans."""
+    if cfg.plan == "fresh":
+        return None
     if cfg.plan != "auto":
         return cfg.plan
     saved = os.path.join(cfg.experiment_dir, "plan.json")
@@ -217,7 +227,9 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
     """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
     when resuming, else a fresh one from a start-up profile of `env` and the model
     in the run's `precision` (which takes the model's `one_thread` costs where
-    --precision auto timed them). `announce` prints where the plan came from."""
+    --precision auto timed them), and from what earlier runs measured here; fresh:
+    the same, after forgetting the profile and the runs. `announce` prints where
+    the plan came from."""
     if cfg.plan == "off":
         return None
     path = plan_file(cfg, resuming)
@@ -230,12 +242,20 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         if announce:
             print(f"fastrl: using the plan in {path}", flush=True)
         return plan
-    costs, cached, capped = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision, PROFILE_CAP_S, one_thread)
+    fresh = cfg.plan == "fresh"
+    if fresh:
+        layout_memory.forget(cfg, precision)
+        compiled_costs.forget(cfg, precision.learning)
+        if announce:
+            print("fastrl: --plan fresh: this setup's profile and earlier runs here are forgotten", flush=True)
+    costs, cached, busy = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision, PROFILE_CAP_S, one_thread,
+                                                 fresh=fresh)
     if cached and announce:
         print("fastrl: planning from this machine's cached profile of this setup", flush=True)
-    if capped and announce:
-        print(f"fastrl: the planner's profile hit its {PROFILE_CAP_S:.0f}-s cap: its numbers were taken under load "
-              "(a busy machine), so the plan may fit a quiet one less well; it is not cached", flush=True)
+    if busy and announce:
+        print("fastrl: the planner's profile was taken on a busy machine (other programs took the cores, or it hit "
+              f"its {PROFILE_CAP_S:.0f}-s cap), so the plan may fit a quiet one less well; it is not cached",
+              flush=True)
     ratio = compiled_costs.remembered_ratio(cfg, precision.learning, has_images(env.observation_space))
     if ratio is not None and ratio < 1:  # (1: the step stayed eager there, as profiled)
         costs = compiled_costs.at_ratio(costs, ratio)
@@ -243,7 +263,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
             print(f"fastrl: planning for the learner's step at {ratio:.2f}x of its eager cost, as an earlier run "
                   "of this setup on this machine measured it once compiled", flush=True)
     try:
-        return planner.choose(costs, cfg, explicit, layout_memory.scales(cfg, precision))
+        return planner.choose(costs, cfg, explicit, layout_memory.recall(cfg, precision))
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -473,7 +493,10 @@ class Runner:
         self.first_batch_s: Optional[float] = None  # seconds from the command's launch to training_since
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
         self._last_report = 0.0
-        self._trained_marks: List[Tuple[float, float]] = []  # (time, this rank's samples trained) at each report
+        self._trained_marks: List[TrainedMark] = []  # one at each report once training began
+        self.compiled_at = 0.0  # when the last compile report (learner's or an actor's) came in
+        self._stopped_at: Optional[TrainedMark] = None  # when the loop ended, once it has
+        self._cpu_at_start = machine_load.sample()  # what the cores had done before this run
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds, cfg.max_worker_restarts)
 
     def _build_context(self, models: list) -> SharedContext:
@@ -670,6 +693,7 @@ class Runner:
         try:
             for m in self.ctx.metrics_queue.get_many(block=False):
                 if ACT_COMPILE_KEY in m:
+                    self.compiled_at = time.time()
                     self._actor_compiled(m[ACT_COMPILE_KEY])
                     continue
                 if m.get("policy", 0) != 0:
@@ -682,9 +706,10 @@ class Runner:
                 if COMPILE_STARTED_KEY in m:
                     self.say(COMPILE_STARTED_LINES[m[COMPILE_STARTED_KEY]])
                 if COMPILE_KEY in m:
+                    self.compiled_at = time.time()
                     self.say(describe_compile(m[COMPILE_KEY]))
                     if self.rank.main:
-                        compiled_costs.remember(self.cfg, self.precision.learning, m[COMPILE_KEY])
+                        self._remember_compile(m[COMPILE_KEY])
         except queue.Empty:
             pass
         try:
@@ -696,6 +721,16 @@ class Runner:
             monitor.log(ev["env_frames"], time.time() - start, {k: v for k, v in ev.items() if k.startswith("eval/")})
             self.say(f"evaluation at {ev['env_frames']:,} frames (policy version {ev['version']}): "
                      f"return {ev['eval/return']:.2f} over {self.cfg.eval_episodes} deterministic episodes")
+
+    def _remember_compile(self, report: dict) -> None:
+        """Keep the learner's compile judgement for the next run, unless other
+        programs took the cores while it timed its steps."""
+        foreign = machine_load.foreign_cores(self._cpu_at_start, machine_load.sample())
+        if machine_load.disturbed(foreign, usable_cores()):
+            self.say(f"the compile's timing is not kept for the next run: other programs took {foreign:.2f} of "
+                     f"the {usable_cores()} cores while it was measured")
+            return
+        compiled_costs.remember(self.cfg, self.precision.learning, report)
 
     def _actor_compiled(self, report: dict) -> None:
         self.actor_compiles[report["worker"], report["policy"]] = report
@@ -851,6 +886,8 @@ class Runner:
             reason = f"stopped by {signal.Signals(signum).name}"
             exit_code = 128 + int(signum)
         finally:
+            if self.training_since is not None:
+                self._stopped_at = self._mark_now()  # the shutdown that follows trains nothing: not measured
             signals.during_shutdown(self.eval_abandon.set)  # Ctrl-C skips the last evaluation, nothing else
             killed = self.stop_children(finish_evaluation=reason is not None and exit_code == 0)
             self._drain(start, monitor)
@@ -923,7 +960,7 @@ class Runner:
         self._window = (elapsed, self.env_frames(), self.count("samples_trained"))
         self._last_report = elapsed
         if self.training_since is not None:
-            self._trained_marks.append((time.time(), self.ctx.board.total("samples_trained", "learner")))
+            self._trained_marks.append(self._mark_now())
             if len(self._trained_marks) > MAX_TRAINED_MARKS:  # a long run: every other one, half the resolution
                 self._trained_marks = self._trained_marks[1::2]
         change = self.adapter.update(time.time()) if self.adapt and self.training_since else None
@@ -944,10 +981,7 @@ class Runner:
                 whose = "rank 0: " if self.rank.distributed else ""
                 self.say(whose + planner.measured_next_to_predicted(self.plan, trained, self.spec.frameskip))
                 if self.plan_made_here and not failed:
-                    p = self.plan.predicted
-                    layout_memory.remember(self.cfg, self.precision, self.plan.inference,
-                                           p.get("model_trained_steps_per_s", p["trained_steps_per_s"]), trained,
-                                           time.time() - self.training_since)
+                    self.say(self._remember_layout(trained))
             digests = self.metrics.get(WEIGHTS_KEY)
             if digests and len(set(digests)) > 1:
                 print(f"{self._tag()}error: the ranks ended with different weights ({', '.join(digests)}); "
@@ -955,26 +989,50 @@ class Runner:
         if killed:
             print(f"{self._tag()}had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
 
+    def _mark_now(self) -> TrainedMark:
+        return TrainedMark(time.time(), self.ctx.board.total("samples_trained", "learner"), machine_load.sample())
+
+    def steady_window(self) -> List[TrainedMark]:
+        """The reports of the second half of the training so far, opening at the last
+        one before the half way point (the training's start where there is none) and
+        closing now: the steady state the plan predicts. The first half holds the
+        ramp (compiles, the workers' first batches) that a setup's first run pays."""
+        now = self._stopped_at or self._mark_now()
+        opening = TrainedMark(self.training_since, 0.0, None)
+        marks = self._trained_marks
+        half = self.training_since + (now.at - self.training_since) / 2
+        before = [i for i, m in enumerate(marks) if m.at <= half]
+        if before:
+            opening, marks = marks[before[-1]], marks[before[-1] + 1:]
+        return [opening, *marks, now]
+
     def steady_trained_steps_per_s(self) -> float:
-        """Agent steps trained per second over the second half of the training so far,
-        by this rank: the steady state the plan predicts, which the layout memory
-        compares with it. The first half holds the ramp (a compile beside the first
-        steps, the workers' compiles), which a setup's first run after any change
-        of fastrl pays most: doom_battle's trained at 89% of its plan over its
-        whole training and at ~106% from 80 s on, and the next run, taking 89% for
-        local inference's error, chose a policy worker and trained 0.78x as fast
-        as the run after it (benchmarks/README.md, forty-fourth session). The
-        window opens at the last report before the half way point; a run with no
-        report there is measured from its first batch."""
+        """Agent steps trained per second over the steady window, by this rank."""
         if self.training_since is None:
             return 0.0
-        now = time.time()
-        since, trained_before = self.training_since, 0.0
-        for at, trained in self._trained_marks:
-            if at > self.training_since + (now - self.training_since) / 2:
-                break
-            since, trained_before = at, trained
-        return per_second(self.ctx.board.total("samples_trained", "learner") - trained_before, now - since)
+        window = self.steady_window()
+        return per_second(window[-1].trained - window[0].trained, window[-1].at - window[0].at)
+
+    def _remember_layout(self, trained: float) -> str:
+        """Keep this run's trained rate against the model's prediction for the next
+        plan, if the run measured its layout; the closing line's words on it."""
+        window = self.steady_window()
+        foreign = machine_load.foreign_cores(window[0].cpu, window[-1].cpu)
+        seconds, samples = window[-1].at - window[0].at, window[-1].trained - window[0].trained
+        run = layout_memory.RunWindow(
+            seconds=seconds, foreign_cores=foreign, cores=usable_cores(),
+            step_s=seconds * self.cfg.batch_size / samples if samples > 0 else math.inf,
+            longest_stall_s=max((b.at - a.at for a, b in zip(window, window[1:]) if b.trained <= a.trained),
+                                default=0.0),
+            restarts=int(self.supervisor.total_restarts + self.count("env_restarts") + self.earlier.learner_restarts),
+            policies=self.cfg.num_policies, compiling=self.compiled_at > window[0].at)
+        why = layout_memory.why_not_a_measure(run)
+        if why:
+            return f"this rate is not kept for the next plan: {why}"
+        p = self.plan.predicted
+        layout_memory.remember(self.cfg, self.precision, self.plan.inference,
+                               p.get("model_trained_steps_per_s", p["trained_steps_per_s"]), trained)
+        return "this rate is kept for the next plan of this setup"
 
     def measured_trained_steps_per_s(self) -> float:
         """Agent steps trained per second since training began (start-up excluded), by

@@ -61,6 +61,11 @@ def remember(cfg, learning_precision: str, report: dict) -> None:
     write_cache(path, {"ratio": ratio, "measured": measured})
 
 
+def forget(cfg, learning_precision: str) -> None:
+    """Drop what earlier runs of this setup measured of the compiled step (--plan fresh)."""
+    write_cache(_path(cfg, learning_precision), {})
+
+
 def _measured(kept: dict) -> List[float]:
     values = kept.get("measured")
     if not isinstance(values, list):

@@ -1,73 +1,134 @@
 """What earlier runs of a setup trained at, against what the planner predicted.
 
-The planner ranks layouts on costs profiled in a few quiet seconds, and its model
-of a layout errs the same way run after run on one machine: doom_battle on this
-project's Intel Xeon (family 6 model 207) planned 2 workers x 64 envs with a CPU
-policy worker, which trained at 94-100% of its prediction, where 2 x 32 with local
-inference, predicted 3% slower, trained at 116-128% of its own, 1.24-1.31x the
-plan's rate in steady state, alternating (benchmarks/README.md, thirty-eighth
-session; the twenty-first found the same ranking on doom_basic). What a policy
-worker costs in a run that keeps every core busy (its wake-ups, the caches the
-engines and the other processes leave it, the batch it finds waiting) is not in a
-quiet profile.
+The planner's model errs the same way run after run on one machine, by inference
+mode (local or policy workers): what a policy worker costs in a run that keeps
+every core busy is not in a quiet profile. So a run that measured its layout keeps,
+per machine and setup as the profile is, its steady trained rate over the model's
+prediction, and the next plan scales each mode's candidates by its runs' ratio.
 
-So every run that trained long enough to say keeps, per machine and setup as the
-profile is, its trained rate over the model's prediction, by inference mode
-(the rate of its training's second half, as steady as the prediction is: the
-first half holds compiles that a setup's first run pays and the next does not)
-(local or policy workers): those errors are the model's of the mode, not of one
-worker count. The next plan scales each candidate's prediction by the median of
-its mode's last runs. A mode no run has tried takes the other's scale, and the
-planner runs it once if it then comes near the best (planner.UNTRIED_MARGIN): a
-plan that measured only one mode would otherwise keep it for good whenever its
-runs beat the model's word for it. The bounds on the scale keep one disturbed run
-from ruling a mode out for good when the model puts it far ahead.
+A run is only evidence when it measured the layout (`why_not_a_measure`): no other
+program took the cores, nothing restarted, the learner trained throughout, compiles
+were done. Beyond that gate the statistic is one-sided on purpose: other work can
+only slow a run, so a mode's scale is the upper quartile of its recent runs, and
+one slow run among them moves it little. A mode the memory rules out is tried
+again after RETRY_AFTER runs of the others, when the model puts it near the best.
 """
 from __future__ import annotations
 
 import statistics
-from typing import Dict
+import time
+from typing import Dict, List, NamedTuple, Optional
 
 from fastrl.algo.model import Precision
+from fastrl.plumbing.machine_load import MAX_FOREIGN_SHARE
+from fastrl.tuning.planner import Recall
 from fastrl.tuning.profiling import PROFILED_OPTIONS, read_cache, setup_cache_path, write_cache
 
-# A run that trained for less than this says more about its start (the compile,
-# the first batches) than about its layout: tests' runs, a quick look.
-MIN_TRAINING_S = 60.0
-KEPT_RUNS = 5  # per mode: the median of the last few follows a machine that changes
-# The most a mode's memory moves its prediction: the errors measured were 0.9-1.3x.
+# A window shorter than this says more about the run's start than about its layout.
+MIN_WINDOW_S = 30.0
+KEPT_RUNS = 6  # per mode: enough for a quartile, few enough to follow a machine that changes
+MAX_AGE_S = 30 * 24 * 3600.0  # a month: drivers, kernels and neighbours change
+RETRY_AFTER = 10  # runs of the other modes before a ruled-out mode is tried again: a tenth of runs at most
+# The most a mode's memory moves its prediction: the model's errors measured 0.7-1.3x.
 SCALE_BOUNDS = (0.7, 1.4)
+# The longest the learner may train nothing inside the window: a few seconds, or a
+# few of its own steps where those are slow (a large batch).
+MAX_STALL_S = 5.0
+STALL_STEPS = 4
 # What, beside the profiled costs, sets the rate a layout trains at.
 OPTIONS = (*PROFILED_OPTIONS, "batch_size", "num_minibatches", "rollout", "compile_learner", "compile_actors",
            "num_policies", "max_batches_ahead")
+
+
+class RunWindow(NamedTuple):
+    """What a run saw over the window its trained rate was measured in."""
+    seconds: float
+    foreign_cores: Optional[float]  # cores other programs kept busy on average (None: unknown)
+    cores: int
+    longest_stall_s: float  # the longest stretch between reports with no sample trained
+    step_s: float  # the learner's mean seconds a batch over the window
+    restarts: int  # workers, envs and learners restarted during the run
+    policies: int
+    compiling: bool  # a compile ended inside the window
+
+
+def why_not_a_measure(w: RunWindow) -> str:
+    """Why the run's rate does not measure its layout, in a few words; "" when it does."""
+    if w.policies > 1:
+        return f"a run of {w.policies} policies"
+    if w.seconds < MIN_WINDOW_S:
+        return f"its steady window was {w.seconds:.0f} s, under {MIN_WINDOW_S:.0f} s"
+    if w.foreign_cores is not None and w.foreign_cores > MAX_FOREIGN_SHARE * w.cores:
+        return f"other programs took {w.foreign_cores:.2f} of its {w.cores} cores"
+    if w.restarts:
+        return f"{w.restarts} restart(s) during the run"
+    if w.longest_stall_s > max(MAX_STALL_S, STALL_STEPS * w.step_s):
+        return f"the learner trained nothing for {w.longest_stall_s:.0f} s"
+    if w.compiling:
+        return "a compile ended inside the window"
+    return ""
 
 
 def _path(cfg, precision: Precision) -> str:
     return setup_cache_path("layout_runs", cfg, precision, OPTIONS)
 
 
-def _ratios(path: str) -> Dict[str, list]:
-    """{inference mode: its runs' ratios} kept at `path`, whatever else the file holds dropped."""
-    return {mode: [float(r) for r in ratios if isinstance(r, (int, float)) and r > 0]
-            for mode, ratios in read_cache(path).items() if isinstance(ratios, list)}
+def _runs(path: str, now: float) -> List[dict]:
+    """The kept runs at `path`, oldest first, those past MAX_AGE_S or malformed dropped."""
+    runs = read_cache(path).get("runs")
+    if not isinstance(runs, list):
+        return []
+    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("inference"), str)
+            and isinstance(r.get("ratio"), (int, float)) and r["ratio"] > 0
+            and isinstance(r.get("at"), (int, float)) and now - r["at"] <= MAX_AGE_S
+            and isinstance(r.get("n"), int)]
 
 
 def remember(cfg, precision: Precision, inference: str, predicted_steps_per_s: float,
-             trained_steps_per_s: float, training_s: float) -> bool:
-    """Keep a run's trained rate over its model prediction for its inference mode;
-    False (nothing kept) for a run that trained under MIN_TRAINING_S."""
-    if training_s < MIN_TRAINING_S or predicted_steps_per_s <= 0 or trained_steps_per_s <= 0:
-        return False
+             trained_steps_per_s: float, now: Optional[float] = None) -> None:
+    """Keep a run's trained rate over its model prediction; only for a run that
+    measured its layout (why_not_a_measure)."""
+    if predicted_steps_per_s <= 0 or trained_steps_per_s <= 0:
+        return
+    now = time.time() if now is None else now
     path = _path(cfg, precision)
-    kept = _ratios(path)
-    kept[inference] = (kept.get(inference, []) + [trained_steps_per_s / predicted_steps_per_s])[-KEPT_RUNS:]
-    write_cache(path, kept)
-    return True
+    count = _count(path) + 1
+    runs = _runs(path, now) + [{"inference": inference, "ratio": trained_steps_per_s / predicted_steps_per_s,
+                                "at": now, "n": count}]
+    by_mode: Dict[str, list] = {}
+    for r in runs:
+        by_mode.setdefault(r["inference"], []).append(r)
+    kept = sorted((r for mode_runs in by_mode.values() for r in mode_runs[-KEPT_RUNS:]), key=lambda r: r["n"])
+    write_cache(path, {"runs": kept, "count": count})
 
 
-def scales(cfg, precision: Precision) -> Dict[str, float]:
-    """{inference mode: the factor its layouts' predictions take}, for the modes
-    earlier runs of this setup on this machine tried."""
+def _count(path: str) -> int:
+    """How many runs this memory has kept in all (the `n` of its newest)."""
+    count = read_cache(path).get("count")
+    return count if isinstance(count, int) and count >= 0 else 0
+
+
+def typical(ratios: List[float]) -> float:
+    """The upper quartile of a mode's ratios: a run slowed by other work barely moves it."""
+    if len(ratios) == 1:
+        return ratios[0]
+    return statistics.quantiles(ratios, n=4, method="inclusive")[2]
+
+
+def recall(cfg, precision: Precision, now: Optional[float] = None) -> Recall:
+    """The planner's view of the runs kept for this setup on this machine."""
+    path = _path(cfg, precision)
+    runs, count = _runs(path, time.time() if now is None else now), _count(path)
     low, high = SCALE_BOUNDS
-    return {mode: min(high, max(low, statistics.median(ratios)))
-            for mode, ratios in _ratios(_path(cfg, precision)).items() if ratios}
+    ratios: Dict[str, list] = {}
+    newest: Dict[str, int] = {}
+    for r in runs:
+        ratios.setdefault(r["inference"], []).append(float(r["ratio"]))
+        newest[r["inference"]] = max(newest.get(r["inference"], 0), r["n"])
+    return Recall({mode: min(high, max(low, typical(values))) for mode, values in ratios.items()},
+                  frozenset(mode for mode, n in newest.items() if count - n >= RETRY_AFTER))
+
+
+def forget(cfg, precision: Precision) -> None:
+    """Drop every run kept for this setup (--plan fresh)."""
+    write_cache(_path(cfg, precision), {"runs": [], "count": 0})

@@ -336,35 +336,32 @@ def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_wo
     return MAX_WORKER_NICE
 
 
+@dataclass(frozen=True)
+class Recall:
+    """What earlier runs of a setup tell the plan (fastrl.tuning.layout_memory):
+    {inference mode: factor on its predictions} for the modes runs measured here, and
+    the modes ruled out long enough to be tried again."""
+    scales: dict = field(default_factory=dict)
+    due: frozenset = frozenset()
+
+
 def scaled(predicted: dict, scale: float) -> dict:
     """`predicted` (as `predict` returns it) with the trained rate at `scale` of the
-    model's, as earlier runs measured it here (fastrl.tuning.layout_memory); the
-    model's own rate kept beside it."""
+    model's, as earlier runs measured it here; the model's own rate kept beside it."""
     return {**predicted, "trained_steps_per_s": predicted["trained_steps_per_s"] * scale,
             "model_trained_steps_per_s": predicted["trained_steps_per_s"], "measured_scale": scale}
 
 
-def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> Plan:
-    """The best layout for `cfg` on these costs. Options in `explicit` (set by the
-    user) are kept as they are; lag must stay within cfg.max_policy_lag. `scales`:
-    {inference mode: factor} for the modes whose runs measured the model wrong.
-
-    A mode missing from a non-empty `scales` takes the median of the others (the
-    profile's own errors, such as an env step timed beside engines that were
-    starting, weigh on every mode), and if its best layout then comes within
-    UNTRIED_MARGIN of the best it is chosen, to be measured: its plan says so
-    (`predicted["untried"]`)."""
+def _candidates(costs: Costs, cfg, explicit: set) -> list:
+    """Every layout `cfg` allows on these costs, with the model's prediction."""
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
     policies, agents = cfg.num_policies, cfg.agents_per_game
-    # A user who sets the policy workers' count or batching asks for policy workers:
-    # the GPU runs of the twenty-third session were given local inference for
-    # --num_policy_workers 1, and measured something nobody asked for.
+    # Setting the policy workers' count or batching asks for policy workers.
     inference_options = (["policy_worker"] if explicit & {"num_policy_workers", "inference_batch_wait_ms"}
                          else ["local", "policy_worker"])
     candidates = []
-    borrowed = statistics.median(scales.values()) if scales else 1.0
     max_workers = max(1, 2 * costs.cores)
     for inference in allowed("inference", inference_options):
         for workers in allowed("num_workers", list(range(1, max_workers + 1))):
@@ -390,15 +387,23 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
                                 costs, p, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
                                 policies, agents, cfg.max_batches_ahead):
                             continue
-                        if scales:
-                            p = scaled(p, scales.get(inference, borrowed))
-                            if inference not in scales:
-                                p["untried"] = True
                         candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
     if not candidates:
         raise ValueError(
             f"no layout keeps the policy lag under --max_policy_lag {cfg.max_policy_lag} with batch {cfg.batch_size}; "
             "raise --max_policy_lag or --batch_size, or set the layout by hand")
+    return candidates
+
+
+def _best(candidates: list, costs: Costs, cfg) -> Candidate:
+    """The candidate to run: among those within TIE of the best prediction, the one
+    whose actors outpace its learner, then the fewest processes and threads, the
+    configured defaults, the least lag.
+
+    Two coupled stages run below the slower one's rate when their rates are close,
+    and surplus actors cost little (they block on free buffers) while a starved
+    learner wastes the costliest step; where the cores are the limit, a worker more
+    only adds lag (benchmarks/vs_sample_factory.py and learning_suite.py measure both)."""
     best = max(c.predicted["trained_steps_per_s"] for c in candidates)
     good = [c for c in candidates if c.predicted["trained_steps_per_s"] >= (1 - TIE) * best]
 
@@ -410,42 +415,74 @@ def choose(costs: Costs, cfg, explicit: set, scales: Optional[dict] = None) -> P
         if p["production_steps_per_s"] >= OUTPACE * p["consumption_steps_per_s"]:
             return False
         actors, learn = core_s_per_step(costs, c.workers, c.envs, c.inference, c.learner_threads, cfg.ppo_epochs,
-                                        policies, agents, c.policy_workers)
+                                        cfg.num_policies, cfg.agents_per_game, c.policy_workers)
         return p["production_steps_per_s"] <= p["cores_steps_per_s"] or learn > actors
 
-    # Among near-best layouts: first those whose actors outpace the learner. Two
-    # coupled stages run below the slower one's rate when their rates are close,
-    # and a surplus of actors costs little (they block on free buffers and give
-    # up their core) while a starved learner wastes the step that costs most. It
-    # starves where the actors could not keep up with a core each (doom_battle's 1
-    # worker x 32 envs, predicted 3% below 2 x 16, measured 4-12% below it with a
-    # third of a core idle) or where the learner is the costliest part of a
-    # sample and its share leaves the actors too little (doom_health_gathering_
-    # supreme's 1 x 32 beside a 2-thread learner trained 26% below 2 x 32: 1,721
-    # against 2,332 env frames/s, a Zen 3, twenty-sixth session). Where the cores
-    # are the limit and the envs cost most, a worker more only adds a batch of
-    # lag: LunarLander-v3's 3 x 32 ran at a mean lag of 2.8 learner steps where
-    # 2 x 32 ran at 1.7, at the same frames/s. Then fewest processes and threads,
-    # the configured defaults (hand-picked for learning, not only speed), least lag.
     def preference(c: Candidate) -> tuple:
         return (starves_learner(c), c.predicted["processes"], c.learner_threads, departures(c),
                 c.predicted["lag_max_learner_steps"], -c.predicted["trained_steps_per_s"])
 
-    c = min(good, key=preference)
-    untried = [x for x in candidates if x.predicted.get("untried")]
-    if untried and not c.predicted.get("untried"):
-        top = max(x.predicted["trained_steps_per_s"] for x in untried)
-        if top >= (1 - UNTRIED_MARGIN) * best:
-            c = min((x for x in untried if x.predicted["trained_steps_per_s"] >= (1 - TIE) * top), key=preference)
+    return min(good, key=preference)
+
+
+def _remembered(candidates: list, memory: Recall) -> list:
+    """The candidates with their predictions at their mode's measured scale. A mode
+    no run measured, or one due a retry, takes the median of the others' scales
+    (the profile's own errors weigh on every mode) and is marked as a trial."""
+    settled = {m: s for m, s in memory.scales.items() if m not in memory.due}
+    borrowed = statistics.median(settled.values()) if settled else 1.0
+    out = []
+    for c in candidates:
+        if c.inference in settled:
+            p = scaled(c.predicted, settled[c.inference])
+        else:
+            p = {**scaled(c.predicted, borrowed), "untried" if c.inference not in memory.scales else "retry": True}
+        out.append(c._replace(predicted=p))
+    return out
+
+
+def _is_trial(c: Candidate) -> bool:
+    return bool(c.predicted.get("untried") or c.predicted.get("retry"))
+
+
+def choose(costs: Costs, cfg, explicit: set, memory: Optional[Recall] = None) -> Plan:
+    """The best layout for `cfg` on these costs. Options in `explicit` (set by the
+    user) are kept as they are; lag must stay within cfg.max_policy_lag. `memory`:
+    what earlier runs of this setup measured here.
+
+    With a memory, each mode's predictions take its measured scale, and a trial mode
+    (`_remembered`) whose best comes within UNTRIED_MARGIN of the best is chosen,
+    to be measured. Where the memory moved the choice off the model's own, the plan
+    says which layout the model alone would run (`predicted["model_pick"]`)."""
+    candidates = _candidates(costs, cfg, explicit)
+    c = model_pick = _best(candidates, costs, cfg)
+    if memory is not None and memory.scales:
+        remembered = _remembered(candidates, memory)
+        c = _best(remembered, costs, cfg)
+        trials = [x for x in remembered if _is_trial(x)]
+        if trials and not _is_trial(c):
+            best = max(x.predicted["trained_steps_per_s"] for x in remembered)
+            top = max(x.predicted["trained_steps_per_s"] for x in trials)
+            if top >= (1 - UNTRIED_MARGIN) * best:
+                c = _best([x for x in trials if x.predicted["trained_steps_per_s"] >= (1 - TIE) * top], costs, cfg)
+        if c[1:] != model_pick[1:]:
+            c.predicted["model_pick"] = {"layout": _layout(model_pick.workers, model_pick.envs, model_pick.inference,
+                                                           model_pick.policy_workers),
+                                         "trained_steps_per_s": model_pick.predicted["trained_steps_per_s"]}
     # The pool a run of this layout gets by default (Config.total_buffers), unless the user set one.
     buffers = cfg.num_buffers if "num_buffers" in explicit else dataclasses.replace(
         cfg, num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference, num_buffers=0).total_buffers
     nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
-        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs, policies, agents,
-        cfg.max_batches_ahead)
+        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs,
+        cfg.num_policies, cfg.agents_per_game, cfg.max_batches_ahead)
     return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
                 num_policy_workers=c.policy_workers if c.inference == "policy_worker" else cfg.num_policy_workers,
                 learner_threads=c.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)
+
+
+def _layout(workers: int, envs: int, inference: str, policy_workers: int) -> str:
+    return (f"{workers} rollout worker(s) x {envs} envs, inference {inference}"
+            + (f" ({policy_workers} policy worker(s))" if inference == "policy_worker" else ""))
 
 
 def apply(cfg, plan: Plan):
@@ -454,8 +491,7 @@ def apply(cfg, plan: Plan):
 
 def describe(plan: Plan, frameskip: int) -> str:
     p = plan.predicted
-    layout = (f"{plan.num_workers} rollout worker(s) x {plan.num_envs_per_worker} envs, inference {plan.inference}"
-              + (f" ({plan.num_policy_workers} policy worker(s))" if plan.inference == "policy_worker" else ""))
+    layout = _layout(plan.num_workers, plan.num_envs_per_worker, plan.inference, plan.num_policy_workers)
     nice = f", workers at nice {plan.worker_nice}" if plan.worker_nice else ""
     cores = ("sampling and learning in turns" if p.get("schedule") == "turns"
              else f"cores {p['cores_steps_per_s'] * frameskip:,.0f}")
@@ -464,10 +500,20 @@ def describe(plan: Plan, frameskip: int) -> str:
     model = (f"(production {p['production_steps_per_s'] * frameskip:,.0f}, "
              f"consumption {p['consumption_steps_per_s'] * frameskip:,.0f}, {cores}; {p['bottleneck']}-bound)")
     if "measured_scale" in p:
-        runs = (f"earlier runs of the other inference mode trained here (none here has measured {plan.inference} "
-                "inference yet)" if p.get("untried") else f"earlier runs with {plan.inference} inference trained here")
+        if p.get("untried"):
+            runs = (f"earlier runs of the other inference mode trained here (none here has measured {plan.inference} "
+                    "inference yet)")
+        elif p.get("retry"):
+            runs = (f"earlier runs of the other inference mode trained here ({plan.inference} inference is tried "
+                    "again: its runs here are old)")
+        else:
+            runs = f"earlier runs with {plan.inference} inference trained here"
         model = (f": the model's {p['model_trained_steps_per_s'] * frameskip:,.0f} {model} at "
                  f"{p['measured_scale']:.2f}x, as {runs};")
+        if "model_pick" in p:
+            pick = p["model_pick"]
+            model += (f" the model alone would run {pick['layout']} at "
+                      f"{pick['trained_steps_per_s'] * frameskip:,.0f};")
     else:
         model = f" {model},"
     return (f"plan: {layout}, learner on {plan.learner_threads} thread(s){nice}, {plan.num_buffers} buffers; "

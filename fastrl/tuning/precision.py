@@ -36,7 +36,9 @@ from dataclasses import replace
 import torch
 
 from fastrl.algo.model import Precision, has_images, native_bf16, obs_layout, resolve_device
+from fastrl.plumbing import machine_load
 from fastrl.plumbing.caching_allocator import learner_memory
+from fastrl.plumbing.proc import usable_cores
 from fastrl.tuning.profiling import (
     DEVICE_FORWARD_BATCHES,
     FORWARD_BATCHES,
@@ -82,9 +84,9 @@ def decide_precision(cfg, obs_space, action_space) -> tuple:
     device = torch.device(resolve_device(cfg)).type
     if device == "cpu" and not native_bf16():
         return Precision("fp32", "fp32", "auto: this CPU has no native bf16"), None
-    timings, cached, capped = cached_timings(cfg, obs_space, action_space, device)
+    timings, cached, capped = cached_timings(cfg, obs_space, action_space, device, fresh=cfg.plan == "fresh")
     how = ("measured on this machine earlier" if cached else
-           f"measured on a busy machine, cut short at {MEASURE_CAP_S:.0f} s and not cached" if capped else "measured")
+           "measured on a busy machine, not cached" if capped else "measured")
     chosen = choose(bf16_ratios(timings), how + (" on the GPU" if device == "cuda" else ""))
     if device == "cuda":  # GPU timings: the profile times the CPU's own costs
         return chosen, None
@@ -154,17 +156,20 @@ def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float
              "learning": {p: per_call[("learning", p, None)] / samples for p in PRECISIONS}}, timed.capped)
 
 
-def cached_timings(cfg, obs_space, action_space, device: str = "cpu") -> tuple:
+def cached_timings(cfg, obs_space, action_space, device: str = "cpu", fresh: bool = False) -> tuple:
     """(measure_precision's timings, whether they came from the cache, whether they
-    hit the cap), cached per machine and model (cache_path) as the planner's
-    profile is, so that only a machine's first run of a model pays the few CPU
-    seconds; a measurement that hit the cap is not cached."""
+    were taken on a busy machine), cached per machine and model (cache_path) as the
+    planner's profile is, so that only a machine's first run of a model pays the few
+    CPU seconds; `fresh` measures again. A measurement that hit the cap or shared the
+    cores with other programs is not cached."""
     layout = {key: [list(shape), str(dtype)] for key, (shape, dtype) in obs_layout(obs_space).items()}
     setup = {"precision": {k: getattr(cfg, k) for k in MODEL_OPTIONS}, "obs": layout, "actions": str(action_space)}
     if device != "cpu":  # (CPU profiles cached before the key existed stay valid)
         setup.update(device=device, minibatch=cfg.batch_size // cfg.num_minibatches)
     path = cache_path(setup)
     try:
+        if fresh:
+            raise FileNotFoundError(path)
         with open(path) as fh:
             saved = json.load(fh)
         timings = {"acting": {p: {int(b): s for b, s in saved["acting"][p].items()} for p in PRECISIONS},
@@ -173,7 +178,9 @@ def cached_timings(cfg, obs_space, action_space, device: str = "cpu") -> tuple:
         return timings, True, False
     except (OSError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError):
         pass  # no file yet, or one that is not a measurement: measure
+    before = machine_load.sample()
     timings, capped = measure_precision(cfg, obs_space, action_space, MEASURE_SECONDS, MEASURE_CAP_S, device)
-    if not capped:
+    busy = capped or machine_load.disturbed(machine_load.foreign_cores(before, machine_load.sample()), usable_cores())
+    if not busy:
         write_cache(path, timings)
-    return timings, False, capped
+    return timings, False, busy

@@ -43,6 +43,7 @@ from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
 from fastrl.learning.adam import FusedAdam
 from fastrl.learning.learner import gradient_step
+from fastrl.plumbing import machine_load
 from fastrl.plumbing.caching_allocator import learner_memory
 from fastrl.plumbing.files import user_cache, write_json
 from fastrl.plumbing.proc import on_one_core, pin_to_core, run_child, usable_cores
@@ -742,15 +743,16 @@ def setup_cache_path(kind: str, cfg, precision: Precision, options: Sequence[str
 
 
 def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
-                 one_thread: Optional[OneThreadCosts] = None) -> tuple:
+                 one_thread: Optional[OneThreadCosts] = None, fresh: bool = False) -> tuple:
     """profile_costs, remembered per machine and setup (cache_path: the env, model
     options, the run's precision and worker pinning). Returns (costs, whether they
-    came from the cache, whether the profile hit its cap). A cached profile can be
-    stale if the machine's load changed: --plan auto after deleting the file, or
-    the bench CLI, measures afresh. A profile that hit its cap is not cached: its
-    numbers were taken under load, and every later run would plan from them."""
+    came from the cache, whether it was taken on a busy machine). `fresh` measures
+    again whatever is cached. A profile taken on a busy machine (it hit its cap, or
+    other programs took the cores) is not cached: every later run would plan from it."""
     path = setup_cache_path("costs", cfg, precision)
     try:
+        if fresh:
+            raise FileNotFoundError(path)
         with open(path) as fh:
             data = json.load(fh)
         for key in ("forward_s", "train_s", "device_forward_s"):
@@ -758,8 +760,10 @@ def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
         return Costs(**data), True, False
     except (OSError, ValueError, TypeError, KeyError):
         pass
+    before = machine_load.sample()
     costs, capped = profile_costs(cfg, env, env.observation_space, env.action_space, seconds, precision, cap_s,
                                   one_thread)
-    if not capped:
+    busy = capped or machine_load.disturbed(machine_load.foreign_cores(before, machine_load.sample()), usable_cores())
+    if not busy:
         write_cache(path, asdict(costs))
-    return costs, False, capped
+    return costs, False, busy
