@@ -304,8 +304,8 @@ def short_run(tmp_path, cache_home, *args, during=None, seconds=14):
 
 def burn(cores: int, seconds: float) -> None:
     """Keep `cores` cores busy for `seconds` in other processes, as a second job would."""
-    burners = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 60: pass"])
-               for _ in range(cores)]
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
+    burners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(cores)]
     try:
         time.sleep(seconds)
     finally:
