@@ -55,9 +55,9 @@ def test_the_compiled_step_gives_eager_outputs_and_gradients():
 
 
 @pytest.mark.slow  # a cold compile: ~25 s on 2 cores
-def test_the_whole_loss_compiled_as_the_benchmark_does_gives_eager_outputs_where_time_limits_cut_episodes():
-    # benchmarks/compile_vs_eager.py --parts loss: the loss on trajectories, with the
-    # time limits' data-dependent indexing left eager between its two graphs.
+def test_the_whole_loss_compiled_gives_eager_outputs_where_time_limits_cut_episodes():
+    # gradient_step's `loss` compiled whole: the loss on trajectories, with the time
+    # limits' data-dependent indexing left eager between its two graphs.
     # test_gradient_step's batch: an episode end of each kind, two steps cut by a time limit.
     cfg = Config(env="CartPole-v1")
     torch.manual_seed(0)

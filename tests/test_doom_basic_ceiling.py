@@ -1,4 +1,4 @@
-"""benchmarks/doom_basic_ceiling.py: the best play it finds from a spawn is one that
+"""benchmarks/experiments/doom_basic_ceiling.py: the best play it finds from a spawn is one that
 fastrl's DoomEnv scores the same, no shorter play kills, and its odds against an exact
 binomial reference."""
 import math
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks", "experiments"))
 
-import doom_basic_ceiling as ceiling  # noqa: E402  (benchmarks/ is not a package)
+import doom_basic_ceiling as ceiling  # noqa: E402  (benchmarks/experiments/ is not a package)
 
 pytest.importorskip("vizdoom")
 

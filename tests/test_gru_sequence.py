@@ -1,7 +1,6 @@
 """gru_sequence against the step-by-step unroll it replaces and against finite
 differences: values, every gradient, resets, the op inside a compiled graph, and
 an eager call that imports no torch._dynamo."""
-import os
 import subprocess
 import sys
 
@@ -9,12 +8,20 @@ import pytest
 import torch
 
 from fastrl.algo.gru_sequence import gru_sequence
+from fastrl.algo.model import gru_step
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-# The learner's unroll before gru_sequence (gru_step under autograd), which the
-# benchmark times against it: checked here to be the same function.
-from gru_unroll import step_by_step as unrolled  # noqa: E402  (benchmarks/ is not a package)
+
+def unrolled(gi, h0, keep, w_hh, b_hh):
+    """The unroll as the model ran it before gru_sequence: gru_step per step, autograd
+    recording each step's hidden projection and so each step's weight gradient. The
+    reference gru_sequence must equal, value for value and gradient for gradient."""
+    h, outputs, states = h0, [], []
+    for t in range(gi.shape[0]):
+        states.append(h)
+        h = gru_step(gi[t], h * keep[t], w_hh, b_hh)
+        outputs.append(h)
+    return torch.stack(outputs), torch.stack(states)
+
 
 T, B, H = 6, 3, 4
 

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_efficiency.py's kernels: the ones the model runs, each counted
+"""benchmarks/experiments/kernel_efficiency.py's kernels: the ones the model runs, each counted
 at the FLOPs torch's own flop counter gives the same call."""
 import os
 import sys
@@ -12,8 +12,8 @@ from fastrl.algo.model import build_model
 from fastrl.config import parse_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from kernel_efficiency import model_kernels  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, os.path.join(REPO, "benchmarks", "experiments"))
+from kernel_efficiency import model_kernels  # noqa: E402  (benchmarks/experiments/ is not a package)
 
 
 def doom_battle_model():

@@ -1,8 +1,8 @@
 """How fast a ViZDoom engine's memory creeps up, and what replacing it costs: the two
 numbers behind `--doom_engine_recycle_episodes`.
 
-    python benchmarks/doom_engine_memory.py --env doom_basic --minutes 10
-    python benchmarks/doom_engine_memory.py --env doom_battle --minutes 10 --recycle 200
+    python benchmarks/experiments/doom_engine_memory.py --env doom_basic --minutes 10
+    python benchmarks/experiments/doom_engine_memory.py --env doom_battle --minutes 10 --recycle 200
 
 One env in this process steps random actions for --minutes; every --sample_seconds
 the engine process's USS (memory only it holds) is read with the episodes and frames
@@ -36,7 +36,7 @@ import time
 import numpy as np
 import psutil
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 MB = 1024 * 1024

@@ -1,8 +1,8 @@
 """The most a policy can score on doom_basic, spawn by spawn, and what that allows a
 100-episode mean.
 
-    python benchmarks/doom_basic_ceiling.py [--episodes 1000] [--seed 5000]
-                                            [--policy_log enjoy.txt] [--check_episodes 20]
+    python benchmarks/experiments/doom_basic_ceiling.py [--episodes 1000] [--seed 5000]
+                                                        [--policy_log enjoy.txt] [--check_episodes 20]
 
 doom_basic's monster spawns at a random place on the far wall; the agent strafes
 left or right (MultiDiscrete([3, 2]): strafe none / left / right, attack no / yes,

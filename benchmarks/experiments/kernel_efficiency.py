@@ -1,6 +1,6 @@
 """How close the model's own kernels run to this core's matrix-multiply rate.
 
-    python benchmarks/kernel_efficiency.py [--env doom_battle] [--forward_batch 32] [--rounds 5]
+    python benchmarks/experiments/kernel_efficiency.py [--env doom_battle] [--forward_batch 32] [--rounds 5]
                                            [--precisions fp32 bf16]
 
 For the model fastrl builds for --env (its conv stack, FC and GRU), this times on
@@ -34,9 +34,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cartpole_time_to_score import cpu_model  # noqa: E402  the same machine line in every benchmark
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/, for records
 from fastrl.envs.registry import get_spec  # noqa: E402
+from records import cpu_model  # noqa: E402  the same machine line in every benchmark
 
 from fastrl.algo.model import ConvEncoder, build_model  # noqa: E402
 from fastrl.config import parse_args  # noqa: E402
