@@ -16,7 +16,9 @@ from fastrl.tuning.planner import (
     OUTPACE,
     TIE,
     Costs,
+    Layout,
     Plan,
+    Workload,
     choose,
     describe,
     predict,
@@ -54,7 +56,7 @@ def test_more_workers_when_env_bound_fewer_when_learner_bound(cores):
 def test_a_learner_bound_run_gives_the_learner_the_spare_core():
     plan = choose(learner_bound(2), cfg(), explicit=set())
     assert plan.learner_threads == 2
-    one = predict(learner_bound(2), 1, plan.num_envs_per_worker, "local", 1, 1, 2, 32, 1024)
+    one = predict(learner_bound(2), Layout(1, plan.num_envs_per_worker, "local", 1, 1), Workload(2, 32, 1024))
     assert plan.predicted["trained_steps_per_s"] > one["trained_steps_per_s"]
 
 
@@ -68,8 +70,8 @@ def test_a_second_learner_thread_needs_a_core_the_actors_leave_idle():
     # The model ranks a 2-thread learner ahead beside two workers that keep a core
     # busy; it trained 0.65-0.69x of a 1-thread one there, so it is not offered.
     doom = cfg(rollout=32, batch_size=1024, ppo_epochs=1)
-    two = predict(XEON_DOOM, 2, 32, "local", 1, 2, 1, 32, 1024)
-    one = predict(XEON_DOOM, 2, 32, "local", 1, 1, 1, 32, 1024)
+    two = predict(XEON_DOOM, Layout(2, 32, "local", 1, 2), Workload(1, 32, 1024))
+    one = predict(XEON_DOOM, Layout(2, 32, "local", 1, 1), Workload(1, 32, 1024))
     assert two["trained_steps_per_s"] > 1.03 * one["trained_steps_per_s"]
     actors_busy = one["trained_steps_per_s"] * (XEON_DOOM.env_s + XEON_DOOM.forward_s[32])
     assert actors_busy > 1.0
@@ -124,8 +126,8 @@ def test_one_gpu_runs_every_policy_workers_forward_and_the_learners_steps_in_tur
     # with the learner's steps: an H200 ran that layout at 60k env frames/s and one
     # policy worker at 15 x 32 at 93k (twenty-seventh session), where the model,
     # as if each policy worker had a GPU of its own, had predicted 152k and 73k.
-    four = predict(H200_DOOM, 12, 8, "policy_worker", 4, 1, 1, 32, 1024)
-    one = predict(H200_DOOM, 15, 32, "policy_worker", 1, 1, 1, 32, 1024)
+    four = predict(H200_DOOM, Layout(12, 8, "policy_worker", 4, 1), Workload(1, 32, 1024))
+    one = predict(H200_DOOM, Layout(15, 32, "policy_worker", 1, 1), Workload(1, 32, 1024))
     assert four["bottleneck"] == "gpu"
     plan = Plan(12, 8, "policy_worker", 4, 1, 16, predicted=four)
     assert f"GPU {four['gpu_steps_per_s'] * 4:,.0f}; gpu-bound)" in describe(plan, 4)
@@ -134,7 +136,7 @@ def test_one_gpu_runs_every_policy_workers_forward_and_the_learners_steps_in_tur
     # A GPU policy worker sleeps while its forward runs: only its round trip takes a core.
     assert one["cores_steps_per_s"] == pytest.approx(16 / (435e-6 + H200_DOOM.comm_s + 28e-6))
     # Local actors leave the GPU to the learner: its bound is the learner's own.
-    local = predict(H200_DOOM, 8, 16, "local", 1, 1, 1, 32, 1024)
+    local = predict(H200_DOOM, Layout(8, 16, "local", 1, 1), Workload(1, 32, 1024))
     assert local["gpu_steps_per_s"] == pytest.approx(local["consumption_steps_per_s"])
     assert local["bottleneck"] != "gpu"
 
@@ -144,10 +146,10 @@ def test_policy_workers_share_the_requests_so_each_batches_a_part_of_them():
     # each of two policy workers, each at forward(32)'s cost.
     costs = Costs(cores=32, env_s=1e-6, forward_s={8: 4e-4, 16: 2e-4, 32: 1e-4, 64: 5e-5}, train_s={1: 1e-6},
                   comm_s=0.0)
-    assert predict(costs, 8, 16, "policy_worker", 2, 1, 1, 32, 1024)["production_steps_per_s"] == pytest.approx(
-        2 / 1e-4)
-    assert predict(costs, 8, 16, "policy_worker", 1, 1, 1, 32, 1024)["production_steps_per_s"] == pytest.approx(
-        1 / 5e-5)
+    two = predict(costs, Layout(8, 16, "policy_worker", 2, 1), Workload(1, 32, 1024))
+    one = predict(costs, Layout(8, 16, "policy_worker", 1, 1), Workload(1, 32, 1024))
+    assert two["production_steps_per_s"] == pytest.approx(2 / 1e-4)
+    assert one["production_steps_per_s"] == pytest.approx(1 / 5e-5)
 
 
 def test_a_near_tie_goes_to_actors_that_outpace_the_learner():
@@ -155,7 +157,7 @@ def test_a_near_tie_goes_to_actors_that_outpace_the_learner():
     # TIE of two workers, but it would keep the learner waiting for samples.
     costs = Costs(cores=2, env_s=0.9e-3, forward_s={16: 0.32e-3, 32: 0.29e-3}, train_s={1: 1.12e-3, 2: 0.9e-3})
     plan = choose(costs, cfg(rollout=32, batch_size=1024, ppo_epochs=1), explicit=set())
-    one = predict(costs, 1, 32, "local", 1, 1, 1, 32, 1024)
+    one = predict(costs, Layout(1, 32, "local", 1, 1), Workload(1, 32, 1024))
     assert one["trained_steps_per_s"] >= (1 - TIE) * plan.predicted["trained_steps_per_s"]
     assert one["production_steps_per_s"] < one["consumption_steps_per_s"]
     assert plan.num_workers == 2
@@ -169,7 +171,7 @@ def test_actors_only_just_ahead_of_the_learner_do_not_count_as_outpacing_it():
     zen3 = Costs(cores=2, env_s=0.708e-3, forward_s={16: 0.613e-3, 32: 0.515e-3, 64: 0.468e-3},
                  train_s={1: 1.43e-3, 2: 1.38e-3})
     c = cfg(rollout=32, batch_size=1024, ppo_epochs=1)
-    one = predict(zen3, 1, 16, "local", 1, 1, 1, 32, 1024)
+    one = predict(zen3, Layout(1, 16, "local", 1, 1), Workload(1, 32, 1024))
     assert one["consumption_steps_per_s"] < one["production_steps_per_s"] < OUTPACE * one["consumption_steps_per_s"]
     plan = choose(zen3, c, explicit=set())
     assert one["trained_steps_per_s"] >= (1 - TIE) * plan.predicted["trained_steps_per_s"]
@@ -188,7 +190,7 @@ def test_a_near_tie_goes_to_fewer_workers_where_the_envs_cost_most():
     # part of a sample: the third worker's envs would only add a batch of lag.
     c = cfg(rollout=32, batch_size=1024, ppo_epochs=2)
     plan = choose(LUNAR_LIKE, c, explicit=set())
-    three = predict(LUNAR_LIKE, 3, 32, "local", 1, 1, 2, 32, 1024)
+    three = predict(LUNAR_LIKE, Layout(3, 32, "local", 1, 1), Workload(2, 32, 1024))
     assert three["trained_steps_per_s"] == plan.predicted["trained_steps_per_s"] == plan.predicted["cores_steps_per_s"]
     assert plan.predicted["production_steps_per_s"] < plan.predicted["consumption_steps_per_s"]
     assert (plan.num_workers, plan.num_envs_per_worker) == (2, 32)
@@ -199,8 +201,9 @@ def test_prediction_is_consistent_with_the_plan():
     costs = env_bound(8)
     c = cfg()
     plan = choose(costs, c, explicit=set())
-    again = predict(costs, plan.num_workers, plan.num_envs_per_worker, plan.inference,
-                    plan.num_policy_workers, plan.learner_threads, c.ppo_epochs, c.rollout, c.batch_size)
+    layout = Layout(plan.num_workers, plan.num_envs_per_worker, plan.inference, plan.num_policy_workers,
+                    plan.learner_threads)
+    again = predict(costs, layout, Workload.of(c))
     assert again == plan.predicted
     p = plan.predicted
     assert p["trained_steps_per_s"] == min(p["production_steps_per_s"], p["consumption_steps_per_s"],
@@ -462,20 +465,22 @@ def test_a_costly_learner_gets_what_it_needs_and_no_room():
     # core time than the actors' part of a sample is busy whatever its share; room
     # for it would only slow the workers.
     hgs_like = Costs(cores=2, env_s=0.44e-3, forward_s={32: 0.5e-3}, train_s={1: 2e-3, 2: 1.17e-3})
-    nice = worker_nice(hgs_like, 2, 32, "local", 1, 2, 1)
+    nice = worker_nice(hgs_like, Layout(2, 32, "local", 1, 2), Workload(1))
     need = 2 * (2 * 1.17e-3) / (0.44e-3 + 0.5e-3 + 2 * 1.17e-3)  # local: no round trip
     assert _learner_share(hgs_like, 2, 2, nice) >= need > _learner_share(hgs_like, 2, 2, nice - 1)
 
 
 def test_a_learner_that_costs_more_gets_more_of_the_cores():
     costly = dataclasses.replace(LUNAR_LIKE, train_s={1: 60e-6})
-    assert worker_nice(costly, 2, 32, "local", 1, 1, 2) > worker_nice(LUNAR_LIKE, 2, 32, "local", 1, 1, 2)
+    two_by_32 = Layout(2, 32, "local", 1, 1)
+    assert worker_nice(costly, two_by_32, Workload(2)) > worker_nice(LUNAR_LIKE, two_by_32, Workload(2))
 
 
 def test_workers_keep_their_weight_when_every_process_has_a_core_or_sampling_and_learning_take_turns():
-    assert worker_nice(DOOM_LIKE, 1, 32, "local", 1, 1, 1) == 0  # 2 processes, 2 cores
-    assert worker_nice(DOOM_LIKE, 2, 16, "local", 1, 1, 1) > 0
-    assert worker_nice(DOOM_LIKE, 2, 16, "local", 1, 1, 1, ahead=0) == 0  # the workers wait while it trains
+    assert worker_nice(DOOM_LIKE, Layout(1, 32, "local", 1, 1), Workload(1)) == 0  # 2 processes, 2 cores
+    assert worker_nice(DOOM_LIKE, Layout(2, 16, "local", 1, 1), Workload(1)) > 0
+    # Turns: the workers wait while the learner trains.
+    assert worker_nice(DOOM_LIKE, Layout(2, 16, "local", 1, 1), Workload(1, ahead=0)) == 0
     on_policy = cfg(rollout=32, batch_size=1024, ppo_epochs=1, max_batches_ahead=0)
     assert choose(DOOM_LIKE, on_policy, explicit=set()).worker_nice == 0
     plan = choose(env_bound(32), cfg(), explicit=set())
@@ -614,8 +619,8 @@ def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
     assert four.num_buffers == c4.num_workers * 4 + 5 * c4.buffers_per_batch
     # Four learners consume four times one learner's rate, but they are four more
     # busy processes: on 2 cores the total is bounded by the cores, not multiplied.
-    p1 = predict(costs, 1, 32, "local", 1, 1, 2, 32, 1024)
-    p4 = predict(costs, 1, 32, "local", 1, 1, 2, 32, 1024, policies=4)
+    p1 = predict(costs, Layout(1, 32, "local", 1, 1), Workload(2, 32, 1024))
+    p4 = predict(costs, Layout(1, 32, "local", 1, 1), Workload(2, 32, 1024, policies=4))
     assert p4["consumption_steps_per_s"] == pytest.approx(4 * p1["consumption_steps_per_s"])
     assert p4["processes"] == p1["processes"] + 3
     assert p4["lag_max_learner_steps"] - 1 == pytest.approx((p1["lag_max_learner_steps"] - 1) / 4)
@@ -623,8 +628,8 @@ def test_several_policies_are_planned_as_several_learners_sharing_the_cores():
         four.predicted["production_steps_per_s"], four.predicted["consumption_steps_per_s"],
         four.predicted["cores_steps_per_s"]))
     # Each forward acts for one policy's split: a quarter of the envs, at a batch's cost per sample.
-    env_bound_4 = predict(env_bound(2), 1, 32, "local", 1, 1, 2, 32, 1024, policies=4)
-    env_bound_1 = predict(env_bound(2), 1, 32, "local", 1, 1, 2, 32, 1024)
+    env_bound_4 = predict(env_bound(2), Layout(1, 32, "local", 1, 1), Workload(2, 32, 1024, policies=4))
+    env_bound_1 = predict(env_bound(2), Layout(1, 32, "local", 1, 1), Workload(2, 32, 1024))
     assert env_bound_4["production_steps_per_s"] == pytest.approx(1 / (1e-3 + CHEAP_MODEL[8]))
     assert env_bound_1["production_steps_per_s"] == pytest.approx(1 / (1e-3 + CHEAP_MODEL[32]))
     assert "4 policies, each trained at ~" in describe(four, 1)
@@ -635,15 +640,15 @@ def test_on_policy_turns_add_the_sampling_and_learning_times_and_bound_the_lag()
     costs = Costs(cores=2, env_s=1e-3, forward_s={1: 2e-4, 64: 1e-4}, train_s={1: 4e-3, 2: 2.2e-3})
     # One learner thread: the other core idles while it learns (with two, turns cost
     # what the cores' bound already charges an asynchronous run).
-    free = predict(costs, 2, 16, "local", 1, 1, 1, 32, 1024)
-    turns = predict(costs, 2, 16, "local", 1, 1, 1, 32, 1024, ahead=0)
+    free = predict(costs, Layout(2, 16, "local", 1, 1), Workload(1, 32, 1024))
+    turns = predict(costs, Layout(2, 16, "local", 1, 1), Workload(1, 32, 1024, ahead=0))
     sampling = min(free["production_steps_per_s"], 2 / (1e-3 + costs.forward(16)))
     assert turns["trained_steps_per_s"] == pytest.approx(1 / (1 / sampling + 1 / free["consumption_steps_per_s"]))
     assert turns["trained_steps_per_s"] < free["trained_steps_per_s"]
     assert (turns["lag_max_learner_steps"], free["lag_max_learner_steps"]) == (0, 2)
     assert turns["bottleneck"] == "learner"
     # A worker's second env half keeps a buffer of its own beyond the bound.
-    halves = predict(costs, 8, 64, "policy_worker", 1, 2, 1, 32, 1024, ahead=1)
+    halves = predict(costs, Layout(8, 64, "policy_worker", 1, 2), Workload(1, 32, 1024, ahead=1))
     assert halves["lag_max_learner_steps"] == pytest.approx(1 + 1 + 8 * 32 * 32 / 1024)  # below the 17 unbounded
 
 

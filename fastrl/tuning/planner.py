@@ -62,42 +62,21 @@ TIE = 0.03
 NICE_STEP = 1.25
 MAX_WORKER_NICE = 10
 # The most of its fair share a cheap learner (one whose step costs less core time
-# than the actors' part of a sample) may need before the workers give way. A
-# learner that needs all of its share is busy whenever a batch waits, so batches
-# queue for it and the policy lag rises to what the buffers allow: LunarLander-v3
-# on 2 cores (2 workers x 32 envs, a learner needing 0.63 of a core) ran at a mean
-# lag of 2.8 learner steps with the workers at nice 0 (its share 0.67) and 1.8-2.0
-# at nice 1-2 (0.77-0.88), and passed a return of 200 100 s sooner at the same
-# frames/s (benchmarks/README.md, twenty-fifth session). A costly learner, or one
-# that would need more than its threads' cores for the room, is busy all the time
-# at any share and gets only what it needs: yielding more buys it nothing
-# (doom_battle at 2 x 32 on a Zen 3, whose need asks nice 3-4, trained at 2,339 env
-# frames/s with the workers at nice 2 and 2,240 at nice 4; twenty-sixth session).
+# than the actors' part of a sample) may need before the workers give way: a
+# learner busy whenever a batch waits lets batches queue and the policy lag rise.
+# A costly learner is busy at any share and gets only what it needs
+# (benchmarks/learning_suite.py measures the lag and time to score).
 LEARNER_LOAD = 0.8
 # How far the actors' predicted rate must pass the learner's for them to count as
-# outpacing it. Two coupled stages run below the slower one's rate when their
-# rates are close, and the model does not see how much: doom_battle's 1 worker x
-# 16 envs, predicted to produce 7% more than its learner consumes, trained 15-19%
-# below 2 x 32 (2,298 / 2,060 against 2,738 / 2,369 env frames/s in steady state,
-# alternating, a Zen 3; twenty-sixth session), which the model had tied with it;
-# 2 x 16, the plan with this margin, made 2,339 in the same half hour.
+# outpacing it: two coupled stages run below the slower one's rate when their rates
+# are close, by more than the model sees (benchmarks/vs_sample_factory.py).
 OUTPACE = 1.25
 # How much of a core the actors may keep busy beside a learner's extra threads
-# (threads_get_cores): a margin, not a measurement. The measured points are all
-# well past it: actors at ~1.1 cores beside a 2-thread learner on 2 cores trained
-# 0.65-0.69x (doom_battle) and 0.50-0.82x (doom_defend_the_center) of the learner
-# on one thread.
+# (threads_get_cores): a margin; every measured layout past it trained slower.
 IDLE_ACTOR_CORES = 0.25
-# How close to the best prediction a layout of an inference mode that no run here
-# has measured must come to be run once, when runs have measured the other mode.
-# The model's error differs between the modes by more than its ties: on this
-# project's Intel Xeon (family 6 model 207) doom_battle's local layouts trained at
-# 1.16-1.31x their predictions where the policy workers' trained at 0.74-1.19x
-# (benchmarks/README.md, thirty-eighth and forty-fifth sessions), and a first run
-# whose profile ranked a policy worker 4% ahead kept it run after run, each
-# measuring only itself, at ~3,700-4,100 env frames/s where 2 x 32 local trains
-# ~5,000. One run of the other mode costs about this much once; never trying it
-# can cost more in every run after.
+# How close to the best prediction a trial mode (one no run here has measured, or
+# one due a retry) must come to be run: the model's error differs between the modes
+# by more than its ties, so never trying the other mode can cost every later run.
 UNTRIED_MARGIN = 0.15
 
 
@@ -162,66 +141,87 @@ class Plan:
         return cls(**json.loads(text))
 
 
+class Layout(NamedTuple):
+    """The processes of one candidate: W rollout workers of E envs, where inference
+    runs, how many policy workers, the learner's threads."""
+    workers: int
+    envs: int
+    inference: str  # "local" or "policy_worker"
+    policy_workers: int = 1
+    learner_threads: int = 1
+
+
+class Workload(NamedTuple):
+    """What the run asks of any layout: learner passes a sample, steps a trajectory,
+    samples a batch, policies, learning agents a game, and Config.max_batches_ahead
+    (0: sampling and learning take turns; -1: unbounded)."""
+    epochs: int = 1
+    rollout: int = 32
+    batch: int = 1024
+    policies: int = 1
+    agents: int = 1
+    ahead: int = -1
+
+    @classmethod
+    def of(cls, cfg) -> "Workload":
+        return cls(cfg.ppo_epochs, cfg.rollout, cfg.batch_size, cfg.num_policies, cfg.agents_per_game,
+                   cfg.max_batches_ahead)
+
+
 class Candidate(NamedTuple):
     """One layout `choose` considers, with its prediction."""
     predicted: dict  # as `predict` returns it
-    workers: int
-    envs: int
-    inference: str
-    policy_workers: int
-    learner_threads: int
+    layout: Layout
 
 
-def _inference_costs(costs: Costs, workers: int, envs: int, inference: str, policies: int = 1,
-                     agents: int = 1, policy_workers: int = 1) -> tuple:
+def _inference_costs(costs: Costs, layout: Layout, work: Workload) -> tuple:
     """(forward, comm) per sample: a local worker acts on one split of its envs at a
     time; a policy worker batches about one split of every worker, the requests
     spread over the policy workers. With several policies a split is one policy's
     share, and each forward one policy's; with several agents in a game, one agent's."""
-    split = max(1, envs // splits_per_worker(inference, policies, agents))
-    if inference == "local":
+    split = max(1, layout.envs // splits_per_worker(layout.inference, work.policies, work.agents))
+    if layout.inference == "local":
         return costs.forward(split), 0.0
-    return costs.policy_worker_forward(max(split, workers * split // policy_workers)), costs.comm_s
+    return costs.policy_worker_forward(max(split, layout.workers * split // layout.policy_workers)), costs.comm_s
 
 
-def core_s_per_step(costs: Costs, workers: int, envs: int, inference: str, learner_threads: int, epochs: int,
-                    policies: int = 1, agents: int = 1, policy_workers: int = 1) -> tuple:
+def core_s_per_step(costs: Costs, layout: Layout, work: Workload) -> tuple:
     """(the actors', the learner's) core-seconds per agent step of one layout: an env
     step with its forward and round trip, and the learner's passes on all its threads.
     A GPU policy worker's forward takes no core: it sleeps on a CUDA event while the
     GPU runs it (sampling/inference.py), its host work being the round trip."""
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents, policy_workers)
-    if costs.gpu and inference == "policy_worker":
+    forward, comm = _inference_costs(costs, layout, work)
+    if costs.gpu and layout.inference == "policy_worker":
         forward = 0.0
-    return costs.env_s + forward + comm, learner_threads * epochs * costs.train(learner_threads)
+    threads = layout.learner_threads
+    return costs.env_s + forward + comm, threads * work.epochs * costs.train(threads)
 
 
-def predict(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-            epochs: int, rollout: int, batch: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> dict:
+def predict(costs: Costs, layout: Layout, work: Workload) -> dict:
     """Predicted rates (agent steps/s, all policies together) and lag of one layout;
-    see the module doc. `agents`: learning agents per game (Config.agents_per_game);
-    `ahead`: Config.max_batches_ahead (0: sampling and learning take turns)."""
-    forward, comm = _inference_costs(costs, workers, envs, inference, policies, agents, policy_workers)
+    see the module doc."""
+    workers, envs, inference, policy_workers, threads = layout
+    policies, ahead = work.policies, work.ahead
+    forward, comm = _inference_costs(costs, layout, work)
     if inference == "local":
         production = workers / (costs.env_s + forward)
         processes = workers + policies
     else:
         production = min(workers / costs.env_s, policy_workers / (forward + comm))
         processes = workers + policy_workers + policies
-    learn_wall = epochs * costs.train(learner_threads)
+    learn_wall = work.epochs * costs.train(threads)
     consumption = policies / learn_wall
-    actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
-                                    policy_workers)
+    actors, learn = core_s_per_step(costs, layout, work)
     cores = costs.cores / (actors + learn)
     trained = min(production, consumption, cores)
-    splits = splits_per_worker(inference, policies, agents)
-    lag = workers * envs * rollout / (policies * batch) + 1
+    splits = splits_per_worker(inference, policies, work.agents)
+    lag = workers * envs * work.rollout / (policies * work.batch) + 1
     if ahead >= 0 and splits == 1:
         lag = min(lag, ahead)
     elif ahead >= 0:
         # A worker's other splits keep a buffer each beyond the bound (Config.total_buffers),
         # held while the worker waits its turn for a freed one.
-        lag = min(lag, ahead + 1 + workers * (splits - 1) * rollout * (envs // splits) / (policies * batch))
+        lag = min(lag, ahead + 1 + workers * (splits - 1) * work.rollout * (envs // splits) / (policies * work.batch))
     slowest = trained
     if ahead == 0:
         # Turns: a batch is sampled, then learned from, each with the cores to itself;
@@ -233,12 +233,9 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
     gpu, gpu_bound = {}, False
     if costs.gpu:
         # One GPU runs every policy worker's forwards and every learner's steps, one
-        # CUDA context at a time, however many processes feed it: four policy workers
-        # at batches of ~12 held doom_defend_the_center to 60k env frames/s where one
-        # at ~240 made 93k (an H200, benchmarks/README.md, twenty-seventh session).
-        # Each learner's step counts whole (N learners' steps queue on it too), though
-        # an eager one leaves the GPU idle while its host launches kernels: the bound
-        # errs low.
+        # CUDA context at a time, however many processes feed it. Each learner's step
+        # counts whole, though an eager one leaves the GPU idle while its host
+        # launches kernels: the bound errs low.
         device = 1.0 / ((forward if inference == "policy_worker" else 0.0) + learn_wall)
         gpu = {"gpu_steps_per_s": device}
         if device < trained:
@@ -268,69 +265,53 @@ def predict(costs: Costs, workers: int, envs: int, inference: str, policy_worker
     }
 
 
-def every_thread_has_a_core(costs: Costs, workers: int, inference: str, policy_workers: int, learner_threads: int,
-                            policies: int = 1) -> bool:
+def every_thread_has_a_core(costs: Costs, layout: Layout, work: Workload) -> bool:
     """Whether the layout's busy processes and learner threads fit the cores one each."""
-    pw = policy_workers if inference == "policy_worker" else 0
-    return workers + pw + policies * learner_threads <= costs.cores
+    pw = layout.policy_workers if layout.inference == "policy_worker" else 0
+    return layout.workers + pw + work.policies * layout.learner_threads <= costs.cores
 
 
-def threads_get_cores(costs: Costs, predicted: dict, workers: int, envs: int, inference: str, policy_workers: int,
-                      learner_threads: int, epochs: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> bool:
-    """Whether a learner on `learner_threads` threads would find a core for each of
-    them, with the actors computing at the `predicted` rate (predict's) beside it,
-    or not beside it at all: where sampling and learning take turns (`ahead` 0),
-    the workers wait while the learner trains.
+def threads_get_cores(costs: Costs, predicted: dict, layout: Layout, work: Workload) -> bool:
+    """Whether a learner on its threads would find a core for each of them, with the
+    actors computing at the `predicted` rate (predict's) beside it, or not beside it
+    at all: where sampling and learning take turns (`ahead` 0), the workers wait
+    while the learner trains.
 
-    A parallel region ends when its slowest thread does, and a thread on a core
-    that a busy worker holds waits out the worker's time slice, region after
-    region, while the others spin. The profile times the learner's threads with
-    the cores to themselves and cannot see it: doom_battle's 2 x 32 on 2 cores
-    (actors ~1.1 cores busy) trained 3,279 / 3,809 env frames/s with a 2-thread
-    learner and 4,778 / 5,872 with one (alternating; benchmarks/README.md,
-    thirty-ninth session), where the quiet profile had two threads 1.8x faster a
-    step. So beyond the first, a learner thread needs a core the actors leave
-    idle, give or take IDLE_ACTOR_CORES (actors that mostly block on free buffers,
-    in a learner-bound layout, take a thread's core at few of its regions)."""
-    if learner_threads == 1 or ahead == 0 or every_thread_has_a_core(costs, workers, inference, policy_workers,
-                                                                      learner_threads, policies):
+    A parallel region ends when its slowest thread does, and a thread on a core that
+    a busy worker holds waits out the worker's time slice, region after region. The
+    quiet profile cannot see that, so beyond the first, a learner thread needs a core
+    the actors leave idle, give or take IDLE_ACTOR_CORES."""
+    if layout.learner_threads == 1 or work.ahead == 0 or every_thread_has_a_core(costs, layout, work):
         return True
-    actors, _ = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
-                                policy_workers)
+    actors, _ = core_s_per_step(costs, layout, work)
     actors_busy = predicted["trained_steps_per_s"] * actors  # cores the actors keep busy
-    return actors_busy <= costs.cores - policies * learner_threads + IDLE_ACTOR_CORES
+    return actors_busy <= costs.cores - work.policies * layout.learner_threads + IDLE_ACTOR_CORES
 
 
-def worker_nice(costs: Costs, workers: int, envs: int, inference: str, policy_workers: int, learner_threads: int,
-                epochs: int, policies: int = 1, agents: int = 1, ahead: int = -1) -> int:
+def worker_nice(costs: Costs, layout: Layout, work: Workload) -> int:
     """The least niceness of the rollout workers at which Linux's fair share gives
     the learner the part of the cores the cost model has it need, with room to
     spare (LEARNER_LOAD).
 
     The rates `predict` gives assume the cores are packed perfectly: the learner
-    computes a share C * learn / (actors + learn) of them. The kernel does not
-    know that share. When more processes want to run than there are cores, it
-    gives each a part in proportion to its weight, so at equal weights the
-    learner gets C / (runnable processes): on doom_battle, 2 workers and the
-    learner on 2 cores, 0.67 of a core where it needs 0.86. It then holds up the
-    workers, they block on free buffers, and part of a core idles meanwhile.
-    Lowering the workers' weight moves the share, and a worker that still wants
-    less than it is allowed loses nothing. Returns 0 when every process has a
-    core of its own, or when sampling and learning take turns (`ahead` 0: the
-    workers wait while the learner trains, so there is no share to move)."""
-    pw = policy_workers if inference == "policy_worker" else 0
-    learners = policies * learner_threads  # threads of all the learners
-    if every_thread_has_a_core(costs, workers, inference, policy_workers, learner_threads, policies) or ahead == 0:
+    computes a share C * learn / (actors + learn) of them. The kernel does not know
+    that share: with more runnable processes than cores it gives each a part in
+    proportion to its weight, and a learner short of its share holds up the workers
+    while part of a core idles. Lowering the workers' weight moves the share, and a
+    worker that wants less than it is allowed loses nothing. Returns 0 when every
+    process has a core of its own, or when sampling and learning take turns."""
+    pw = layout.policy_workers if layout.inference == "policy_worker" else 0
+    learners = work.policies * layout.learner_threads  # threads of all the learners
+    if every_thread_has_a_core(costs, layout, work) or work.ahead == 0:
         return 0
-    actors, learn = core_s_per_step(costs, workers, envs, inference, learner_threads, epochs, policies, agents,
-                                    policy_workers)
+    actors, learn = core_s_per_step(costs, layout, work)
     need = costs.cores * learn / (actors + learn)
     if learn <= actors and need / LEARNER_LOAD <= learners:
         need /= LEARNER_LOAD  # a cheap learner, idle at times: room, so that no batch waits for it
     need = min(learners, need)
     for nice in range(MAX_WORKER_NICE + 1):
         weight = NICE_STEP ** -nice  # the learners' threads and policy workers weigh 1 each
-        share = costs.cores * learners / (learners + pw + workers * weight)
+        share = costs.cores * learners / (learners + pw + layout.workers * weight)
         if share >= need:
             return nice
     return MAX_WORKER_NICE
@@ -357,7 +338,7 @@ def _candidates(costs: Costs, cfg, explicit: set) -> list:
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
-    policies, agents = cfg.num_policies, cfg.agents_per_game
+    work = Workload.of(cfg)
     # Setting the policy workers' count or batching asks for policy workers.
     inference_options = (["policy_worker"] if explicit & {"num_policy_workers", "inference_batch_wait_ms"}
                          else ["local", "policy_worker"])
@@ -366,7 +347,7 @@ def _candidates(costs: Costs, cfg, explicit: set) -> list:
     for inference in allowed("inference", inference_options):
         for workers in allowed("num_workers", list(range(1, max_workers + 1))):
             for envs in allowed("num_envs_per_worker", list(ENVS_PER_WORKER)):
-                splits = splits_per_worker(inference, policies, agents)
+                splits = splits_per_worker(inference, work.policies, work.agents)
                 if envs % splits or cfg.batch_size % (cfg.rollout * envs // splits):
                     continue
                 if cfg.max_batches_ahead >= 0 and workers * splits > dataclasses.replace(
@@ -379,15 +360,13 @@ def _candidates(costs: Costs, cfg, explicit: set) -> list:
                     thread_options = ([cfg.learner_threads or cfg.torch_threads] if "learner_threads" in explicit
                                       else sorted(t for t in costs.train_s if t <= costs.cores))
                     for threads in thread_options:
-                        p = predict(costs, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
-                                    cfg.rollout, cfg.batch_size, policies, agents, cfg.max_batches_ahead)
+                        layout = Layout(workers, envs, inference, policy_workers, threads)
+                        p = predict(costs, layout, work)
                         if cfg.max_policy_lag and p["lag_max_learner_steps"] > cfg.max_policy_lag:
                             continue
-                        if "learner_threads" not in explicit and not threads_get_cores(
-                                costs, p, workers, envs, inference, policy_workers, threads, cfg.ppo_epochs,
-                                policies, agents, cfg.max_batches_ahead):
+                        if "learner_threads" not in explicit and not threads_get_cores(costs, p, layout, work):
                             continue
-                        candidates.append(Candidate(p, workers, envs, inference, policy_workers, threads))
+                        candidates.append(Candidate(p, layout))
     if not candidates:
         raise ValueError(
             f"no layout keeps the policy lag under --max_policy_lag {cfg.max_policy_lag} with batch {cfg.batch_size}; "
@@ -408,18 +387,18 @@ def _best(candidates: list, costs: Costs, cfg) -> Candidate:
     good = [c for c in candidates if c.predicted["trained_steps_per_s"] >= (1 - TIE) * best]
 
     def departures(c: Candidate) -> int:  # how many choices differ from the configured defaults
-        return (c.workers != cfg.num_workers) + (c.envs != cfg.num_envs_per_worker) + (c.inference != cfg.inference)
+        return ((c.layout.workers != cfg.num_workers) + (c.layout.envs != cfg.num_envs_per_worker)
+                + (c.layout.inference != cfg.inference))
 
     def starves_learner(c: Candidate) -> bool:
         p = c.predicted
         if p["production_steps_per_s"] >= OUTPACE * p["consumption_steps_per_s"]:
             return False
-        actors, learn = core_s_per_step(costs, c.workers, c.envs, c.inference, c.learner_threads, cfg.ppo_epochs,
-                                        cfg.num_policies, cfg.agents_per_game, c.policy_workers)
+        actors, learn = core_s_per_step(costs, c.layout, Workload.of(cfg))
         return p["production_steps_per_s"] <= p["cores_steps_per_s"] or learn > actors
 
     def preference(c: Candidate) -> tuple:
-        return (starves_learner(c), c.predicted["processes"], c.learner_threads, departures(c),
+        return (starves_learner(c), c.predicted["processes"], c.layout.learner_threads, departures(c),
                 c.predicted["lag_max_learner_steps"], -c.predicted["trained_steps_per_s"])
 
     return min(good, key=preference)
@@ -433,10 +412,11 @@ def _remembered(candidates: list, memory: Recall) -> list:
     borrowed = statistics.median(settled.values()) if settled else 1.0
     out = []
     for c in candidates:
-        if c.inference in settled:
-            p = scaled(c.predicted, settled[c.inference])
+        mode = c.layout.inference
+        if mode in settled:
+            p = scaled(c.predicted, settled[mode])
         else:
-            p = {**scaled(c.predicted, borrowed), "untried" if c.inference not in memory.scales else "retry": True}
+            p = {**scaled(c.predicted, borrowed), "untried" if mode not in memory.scales else "retry": True}
         out.append(c._replace(predicted=p))
     return out
 
@@ -465,24 +445,24 @@ def choose(costs: Costs, cfg, explicit: set, memory: Optional[Recall] = None) ->
             top = max(x.predicted["trained_steps_per_s"] for x in trials)
             if top >= (1 - UNTRIED_MARGIN) * best:
                 c = _best([x for x in trials if x.predicted["trained_steps_per_s"] >= (1 - TIE) * top], costs, cfg)
-        if c[1:] != model_pick[1:]:
-            c.predicted["model_pick"] = {"layout": _layout(model_pick.workers, model_pick.envs, model_pick.inference,
-                                                           model_pick.policy_workers),
+        if c.layout != model_pick.layout:
+            c.predicted["model_pick"] = {"layout": _describe_layout(model_pick.layout),
                                          "trained_steps_per_s": model_pick.predicted["trained_steps_per_s"]}
+    chosen = c.layout
     # The pool a run of this layout gets by default (Config.total_buffers), unless the user set one.
     buffers = cfg.num_buffers if "num_buffers" in explicit else dataclasses.replace(
-        cfg, num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference, num_buffers=0).total_buffers
-    nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(
-        costs, c.workers, c.envs, c.inference, c.policy_workers, c.learner_threads, cfg.ppo_epochs,
-        cfg.num_policies, cfg.agents_per_game, cfg.max_batches_ahead)
-    return Plan(num_workers=c.workers, num_envs_per_worker=c.envs, inference=c.inference,
-                num_policy_workers=c.policy_workers if c.inference == "policy_worker" else cfg.num_policy_workers,
-                learner_threads=c.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)
+        cfg, num_workers=chosen.workers, num_envs_per_worker=chosen.envs, inference=chosen.inference,
+        num_buffers=0).total_buffers
+    nice = cfg.worker_nice if "worker_nice" in explicit else worker_nice(costs, chosen, Workload.of(cfg))
+    return Plan(num_workers=chosen.workers, num_envs_per_worker=chosen.envs, inference=chosen.inference,
+                num_policy_workers=chosen.policy_workers if chosen.inference == "policy_worker"
+                else cfg.num_policy_workers,
+                learner_threads=chosen.learner_threads, num_buffers=buffers, worker_nice=nice, predicted=c.predicted)
 
 
-def _layout(workers: int, envs: int, inference: str, policy_workers: int) -> str:
-    return (f"{workers} rollout worker(s) x {envs} envs, inference {inference}"
-            + (f" ({policy_workers} policy worker(s))" if inference == "policy_worker" else ""))
+def _describe_layout(layout: Layout) -> str:
+    return (f"{layout.workers} rollout worker(s) x {layout.envs} envs, inference {layout.inference}"
+            + (f" ({layout.policy_workers} policy worker(s))" if layout.inference == "policy_worker" else ""))
 
 
 def apply(cfg, plan: Plan):
@@ -491,7 +471,8 @@ def apply(cfg, plan: Plan):
 
 def describe(plan: Plan, frameskip: int) -> str:
     p = plan.predicted
-    layout = _layout(plan.num_workers, plan.num_envs_per_worker, plan.inference, plan.num_policy_workers)
+    layout = _describe_layout(Layout(plan.num_workers, plan.num_envs_per_worker, plan.inference,
+                                     plan.num_policy_workers))
     nice = f", workers at nice {plan.worker_nice}" if plan.worker_nice else ""
     cores = ("sampling and learning in turns" if p.get("schedule") == "turns"
              else f"cores {p['cores_steps_per_s'] * frameskip:,.0f}")
