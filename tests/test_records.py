@@ -1,7 +1,8 @@
 """benchmarks/records.py and benchmarks/report.py: a record appended is the row the
-report writes."""
+report writes, and the README's headline table is the one the records give."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -41,3 +42,9 @@ def test_a_question_must_be_a_file_name(tmp_path):
     with pytest.raises(ValueError, match="names a file"):
         records.append("../elsewhere", {"x": 1}, "python x", str(tmp_path))
 
+
+
+def test_the_readme_table_is_what_the_results_say():
+    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "report.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
