@@ -1,38 +1,13 @@
-"""The learner's re-run of the policy (ActorCritic.evaluate: the forward whose
-backward the loss takes), compiled with torch.compile where that measures faster.
+"""The learner's ActorCritic.evaluate compiled with torch.compile where that is
+faster (benchmarks/compile_vs_eager.py). No run waits for the compile:
 
-benchmarks/compile_vs_eager.py, doom_battle's model on one thread (AMD EPYC, torch
-2.13): the whole of evaluate compiled takes the learner's step to 0.78x of eager's
-time in bf16 and 0.84x in fp32 (0.61x and 0.74x before the eager pixel z-score
-was laid out as the frames are: the compile had fused it), where the conv stack
-or the GRU step compiled alone gain nothing (0.93-1.06x). (A rollout worker's
-forward, compiled whole, gains too: fastrl/sampling/compiled_act.py.) The cost
-is the compile: tens of seconds of a core the
-first time on a machine, a few once inductor's on-disk cache holds it.
-So no run waits for it:
-
-1. the learner trains eagerly from its first batch, and once that first step is
-   done hands a replica of the model and a copy of its minibatch to a process
-   that compiles evaluate, forward and backward, which fills the cache
-   (compile_in_child; a thread of the learner waits for it). Not during the first
-   step: beside the compile (then a thread of the learner's own) doom_battle's
-   first step took 2.5-4.5 s where it takes 1.1 s alone (benchmarks/startup.py, 2
-   workers x 16 envs, warm caches, AMD EPYC: first trained batch 9.8 -> 8.6 s).
-   Skipped where an earlier run marked this very compile done
-   (plumbing/compiling.py, cache_mark): that process only traces what the learner
-   traces next, and beside the learner's steps it costs them most. doom_battle
-   (2 x 32, Intel Xeon, 2 cores, warm cache) trained ~400 samples/s for the 14 s
-   it ran, where the learner trains ~1,150 eager alone;
-2. then, between two steps, the learner compiles its own model's evaluate, which
-   finds everything cached (the pause: seconds, a thread keeping its heartbeat),
-   and times its next real steps compiled and eager in turn;
-3. with `auto` it keeps the faster (compiled only below MAX_RATIO of eager's
-   time, judged with the ratios earlier runs of the setup measured on the
-   machine, PRIOR_RUNS), with `on` the compiled one. Any error (no C++ compiler, an op inductor
-   cannot lower) leaves the step eager, and the report says why.
-
-The inputs of the first compile are the real minibatch's own shapes, strides and
-dtypes, so the learner's compile matches the cached one instead of compiling anew.
+1. the learner trains eagerly; after its first step a separate process compiles a
+   replica on a copy of that minibatch (same shapes and strides), filling inductor's
+   on-disk cache, unless an earlier run already did (plumbing/compiling.py);
+2. between two steps the learner compiles its own evaluate from the cache and times
+   real steps compiled and eager in turn;
+3. `auto` keeps compiled only below MAX_RATIO of eager's time, judged with earlier
+   runs' ratios; `on` keeps compiled. Any error leaves the step eager.
 """
 from __future__ import annotations
 
@@ -63,8 +38,8 @@ from fastrl.plumbing.compiling import (
 MODES = ("auto", "on", "off")
 # The metrics message in which the learner reports the choice (describe_compile's input).
 COMPILE_KEY = "learner_compile"
-# The metrics message that says the compile has begun; its value, how (a key of
-# COMPILE_STARTED_LINES).
+# The metrics message that says the compile has begun; its value is a key of
+# COMPILE_STARTED_LINES.
 COMPILE_STARTED_KEY = "learner_compile_started"
 # What a run prints then: the rate it shows until the choice is made is not its own.
 COMPILE_STARTED_LINES = {
@@ -74,33 +49,21 @@ COMPILE_STARTED_LINES = {
     "in_place": ("compiling the learner's step from inductor's cache, which an earlier run of this setup filled: "
                  "the learner pauses for seconds"),
 }
-# Real steps timed each way before `auto` decides, alternating. On 2 busy cores a
-# step's time varies by 10-20% with what the actors do beside it: with 3 a side,
-# one doom_battle run kept eager at 1.11x where the next four measured the
-# compiled step at 0.67-0.84x (benchmarks/README.md, sixteenth session).
+# Real steps timed each way, alternating, before `auto` decides: a step's time on busy
+# cores varies with what the actors do beside it.
 TIMED_STEPS = 5
-# A ratio this close to MAX_RATIO after TIMED_STEPS a side is timed for as many steps
-# again before the choice: one doom_defend_the_center plan timed 0.96x (kept eager)
-# in one run and 0.88x and 0.83x in the next two (thirty-second session). Both steps
-# then cost about the same, so the longer timing costs nothing.
+# A ratio this close to MAX_RATIO is timed for as many steps again before the choice.
 CLOSE_CALL = 0.05
-# How many earlier runs' ratios (fastrl.tuning.compiled_costs keeps them per machine
-# and setup) weigh in `auto`'s choice beside this run's own: it keeps compiled when
-# the median of them all is below MAX_RATIO. One run's timing on 2 cores is noisy
-# past what more steps fix: doom_battle's compiled step timed 0.75-0.93x of eager in
-# most runs on an Intel Xeon and 0.96-1.03x in four of seventeen, which alone would
-# have kept it eager, so the same setup ran one step or the other from one launch to
-# the next (benchmarks/README.md, thirty-fifth and thirty-sixth sessions). Four
-# earlier runs and this one: a step that truly turned slower (a new torch, another
-# load) is judged so from the third run that says it.
+# Earlier runs' ratios (fastrl.tuning.compiled_costs) that join this run's in `auto`'s
+# median: one run's timing is too noisy to decide alone, and a step that truly turned
+# slower still wins the vote within a few runs.
 PRIOR_RUNS = 4
 EVALUATE_INPUTS = ("obs", "rnn_state0", "episode_start", "actions")
 
 
 class CompileMemory(NamedTuple):
-    """What earlier runs of a setup on this machine left the learner's compile
-    (fastrl.tuning.compiled_costs): the compiled step's time over eager's that they
-    measured, oldest first, and the key naming the setup (cache_mark's)."""
+    """The compiled-over-eager step ratios earlier runs of a setup measured on this
+    machine, oldest first, and the key naming the setup (cache_mark's)."""
     prior: Tuple[float, ...] = ()
     setup_key: str = ""
 
@@ -111,16 +74,11 @@ def will_compile(mode: str, images: bool, use_rnn: bool, device_type: str) -> bo
 
 
 def compile_in_child(replica: torch.nn.Module, inputs: dict, uniform_kl: bool, threads: int) -> Optional[str]:
-    """Compile `replica.evaluate` on `inputs`, forward and backward, in a fresh
-    process (fastrl.learning.warm_compile) on `threads` torch threads (the
-    learner's: inductor's cache keys on the count), which fills inductor's on-disk
-    cache; returns None, or what failed. Blocks, holding no GIL while it waits.
-
-    The process costs its interpreter's start and torch's import, ~2 s of a core,
-    beside a compile of 7-16 s warm and minutes cold; in return nothing the
-    compile does can reach the learner's own steps (that module's docstring says
-    what a thread let through). The payload goes through a pipe, so a learner
-    killed meanwhile leaves no file behind, and the child dies with it."""
+    """Compile `replica.evaluate` forward and backward on `inputs` in a fresh process
+    (fastrl.learning.warm_compile) with the learner's thread count (inductor's cache
+    keys on it), filling the on-disk cache; returns None or what failed. A process,
+    not a thread, so nothing of the compile reaches the learner's steps; the payload
+    goes through a pipe, so a killed learner leaves no file behind."""
     payload = io.BytesIO()
     torch.save({"model": replica, "inputs": inputs, "uniform_kl": uniform_kl, "threads": threads}, payload)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -138,21 +96,16 @@ def compile_in_child(replica: torch.nn.Module, inputs: dict, uniform_kl: bool, t
 
 
 class CompiledEvaluate:
-    """Switches `model.evaluate` between eager and compiled as the steps go.
-
-    The learner calls `before_step(mb)` and `after_step(seconds)` around every
-    gradient step; `take_report()` hands over, once, the report of the choice (a
-    dict for the run's summary) when it has been made."""
+    """Switches `model.evaluate` between eager and compiled as the steps go. The
+    learner calls `before_step(mb)` and `after_step(seconds)` around every gradient
+    step; `take_report()` hands over the choice's report once it is made."""
 
     def __init__(self, model: torch.nn.Module, mode: str, uniform_kl: bool, auto_compiles: bool,
                  prior: Sequence[float] = (), setup_key: str = "", beat: Callable[[], None] = lambda: None):
-        """uniform_kl: what the loss passes evaluate. auto_compiles: whether `auto`
-        tries the compile (the function of that name). prior: the compiled step's
-        time over eager's that earlier runs of this setup on this machine measured,
-        oldest first (the last PRIOR_RUNS weigh in `auto`'s choice). setup_key: names
-        the setup for the mark of a compile done (CompileMemory); without one every
-        compile runs in the background first. beat: marks the learner alive while
-        its own compile blocks it."""
+        """prior: earlier runs' compiled-over-eager ratios, oldest first. setup_key:
+        names the setup for the compile-done mark; without one every compile runs in
+        the background first. beat: keeps the learner's heartbeat while its own
+        compile blocks it."""
         if mode not in MODES:
             raise ValueError(f"compile mode must be one of {MODES}, not {mode!r}")
         self.model, self.mode, self.uniform_kl = model, mode, uniform_kl
@@ -196,8 +149,8 @@ class CompiledEvaluate:
             self._decide()
 
     def _close_call(self, timed: int) -> bool:
-        """Whether the steps timed so far put the judged ratio within CLOSE_CALL of
-        the bar, with room left to time more (up to twice TIMED_STEPS a side)."""
+        """Whether the judged ratio is within CLOSE_CALL of the bar with room left to
+        time more (up to twice TIMED_STEPS a side)."""
         if timed >= 2 * TIMED_STEPS:
             return False
         ratio = statistics.median(self._times["compiled"]) / statistics.median(self._times["eager"])
@@ -212,8 +165,7 @@ class CompiledEvaluate:
         return report
 
     def take_started(self) -> Optional[str]:
-        """Once, after the step that started the compile: how ("background" or
-        "in_place", COMPILE_STARTED_LINES); None before and after."""
+        """Once, after the step that started the compile: "background" or "in_place"."""
         started, self._started = self._started, None
         return started
 
@@ -227,7 +179,7 @@ class CompiledEvaluate:
     def _start_warm(self) -> None:
         use_inductor_cache()
         inputs, self._inputs = self._inputs, None
-        # The count is read here: a thread torch did not start may see its own default.
+        # Read here: a thread torch did not start may see its own default.
         threads = torch.get_num_threads()
         self._mark = cache_mark(self.setup_key, inputs, threads=threads, uniform_kl=self.uniform_kl)
         self.state = "warming"
@@ -258,9 +210,8 @@ class CompiledEvaluate:
         compiled = torch.compile(eager)
 
         def guarded(*args, **kwargs):
-            # The replica's compile (or an earlier run's) ran forward and backward on
-            # these very shapes, so this should not fail; if it does, the step and the
-            # rest go eager, and the next run compiles in the background again.
+            # The replica compiled these very shapes, so this should not fail; if it
+            # does, the rest goes eager and the next run compiles in the background.
             start = time.perf_counter()
             try:
                 if self._untimed:  # the learner's own compile: seconds from the cache, a heartbeat kept
