@@ -21,8 +21,11 @@ RESULTS = os.path.join(records.BENCHMARKS, "results")  # the repository's own, w
 
 
 def number(value) -> str:
-    if isinstance(value, bool) or value is None:
-        return "unknown" if value is None else str(value).lower()
+    """A figure's value as the table shows it; None (not reached, not measured) is "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
@@ -43,8 +46,8 @@ def row(question: str, record: dict) -> str:
                                           f"{box['cores']} cores" if box.get("cores") else "",
                                           box.get("gpu") or "") if part)
     command = f"`{record['command']}`" if record.get("command") else "unknown"
-    return "| " + " | ".join(cell(text) for text in (question, figure, machine, command, number(record.get("date")),
-                                                      number(record.get("commit")))) + " |"
+    date, commit = record.get("date") or "unknown", record.get("commit") or "unknown"
+    return "| " + " | ".join(cell(text) for text in (question, figure, machine, command, date, commit)) + " |"
 
 
 def table(folder: str) -> str:
