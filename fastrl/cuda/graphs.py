@@ -1,37 +1,18 @@
-"""Policy inference replayed from CUDA graphs.
+"""Policy inference replayed from CUDA graphs: a policy worker's forward is dozens of
+small kernels whose launch cost exceeds their run time; a graph replays them in one call.
 
-A policy worker's forward pass is a few dozen small kernels on a batch of tens to
-hundreds of rows; on a GPU their launch cost, paid by the Python host, exceeds their
-run time. A CUDA graph records the launches once and replays them with one call.
+A graph is frozen three ways, and each shapes this module:
+- Shapes: it captures a ladder of batch sizes, pads a batch up to the next (rows are
+  independent, so padding never touches real rows) and slices the outputs.
+- Addresses: inputs are copied into static buffers; parameters must be reloaded in
+  place (`load_flat_state`), as `model.to()` or a new model leaves the graph reading
+  old memory.
+- Host work cannot be captured: one eager run under sync debug mode "error" turns it
+  into a GraphCaptureError (and eager fallback) rather than a corrupt capture. This is
+  why the categorical sampler avoids torch.multinomial.
 
-A graph is frozen in three ways, and each shapes this module:
-
-- Shapes. A graph replays exactly the shapes it captured, so `GraphedPolicy`
-  captures a ladder of batch sizes, pads a batch up to the next one (rows are
-  independent in every layer of the model, so padding rows never touch real ones)
-  and slices the outputs. A batch above the largest size runs eagerly.
-- Addresses. A graph reads its inputs and the model's parameters from the device
-  addresses seen at capture. Inputs are therefore copied into static buffers before
-  each replay. Parameters stay valid across reloads because `load_flat_state`
-  (fastrl/algo/model.py) writes with `copy_` into the tensors `state_dict()` returns,
-  which share storage with the parameters and buffers: same addresses, new values.
-  Anything that swaps tensors instead (`model.to(...)`, assigning `.data`, building
-  a new model) leaves the graph reading the old memory; capture again after it.
-- Host work. Only device work is recorded; an op that reads a value back to the host
-  (`.item()`, `.cpu()`, a data-dependent check) cannot be captured at all. Capture is
-  therefore preceded by one eager run with torch's sync debug mode set to "error",
-  which turns such an op into a clear `GraphCaptureError` instead of a failed or
-  corrupted capture. `make_policy_runner` then falls back to eager inference.
-  `torch.multinomial` validates its input with `.item()`, which is why the
-  categorical sampler draws by inverse CDF instead (fastrl/algo/distributions.py):
-  discrete and Gaussian sampling, and `deterministic=True`, all capture.
-
-Random numbers: sampling inside a graph draws from the default CUDA generator's
-Philox stream. `torch.cuda.graph` registers that generator with the capture and the
-graph reads seed and offset from device memory that every replay advances, so each
-replay draws fresh numbers and eager code after it does not repeat them. A generator
-other than the default would have to be registered with the graph explicitly; the
-model uses only the default one.
+Sampling inside a graph uses the default CUDA generator, which the capture registers,
+so every replay draws fresh numbers.
 """
 
 import bisect
@@ -52,10 +33,8 @@ class GraphCaptureError(RuntimeError):
 
 
 class EagerPolicy:
-    """`model.act` without autograd, on inputs moved to the model's device.
-
-    The CPU path, and the fallback whenever graphs are unavailable or refused.
-    """
+    """`model.act` without autograd on the model's device: the CPU path and the
+    fallback whenever graphs are unavailable or refused."""
 
     def __init__(self, model: nn.Module, device, deterministic: bool = False):
         self.model, self.device, self.deterministic = model, torch.device(device), deterministic
@@ -74,8 +53,8 @@ class EagerPolicy:
         return self._inputs
 
     def act_on_host(self, clock) -> ActOutput:
-        """act() on what `host_inputs` handed out, its outputs on the host; `clock`
-        (fastrl.cuda.timing) times the forward as "gpu_s" and the copies back as "d2h_s"."""
+        """act() on what `host_inputs` handed out, outputs on the host; `clock` times
+        the forward ("gpu_s") and the copies back ("d2h_s")."""
         obs, rnn = self._inputs
         with clock.span("gpu_s"):
             out = self(obs, rnn)
@@ -86,22 +65,10 @@ class EagerPolicy:
 class GraphedPolicy:
     """`model.act` captured in one CUDA graph per padded batch size.
 
-    Args:
-        model: the ActorCritic, already on `device`. Reload parameters only with
-            in-place copies (`load_flat_state`); see the module doc.
-        batch_sizes: batch sizes to capture; a batch of B rows replays the smallest
-            one >= B.
-        obs_layout: {key: (per-sample shape, dtype)}, as `fastrl.algo.model.obs_layout`.
-        rnn_size: width of the recurrent state (0 without an RNN).
-        device: the CUDA device.
-        deterministic: capture the distribution's mode instead of a sample; fixed
-            per instance because it changes the recorded kernels.
-        example_obs: one valid observation {key: per-sample tensor} to fill the
-            static inputs for capture and padding. Zeros are used if omitted, which
-            every layout accepts except a Discrete space that excludes 0 (start > 0).
-
-    Replays are enqueued on the current stream; use one instance from one stream
-    at a time. Outputs are fresh tensors, not views of the graph's static outputs.
+    batch_sizes: a batch of B rows replays the smallest one >= B. deterministic is
+    fixed per instance, as it changes the recorded kernels. example_obs: a valid
+    observation for the static inputs (zeros if omitted, which a Discrete space with
+    start > 0 would reject). Replays go on the current stream; outputs are fresh tensors.
     """
 
     def __init__(
@@ -134,13 +101,9 @@ class GraphedPolicy:
         self._graphs: Dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: Dict[int, ActOutput] = {}
         self._capture()
-        # Pinned host mirrors of the static inputs and outputs, for a policy worker that
-        # gathers its requests' rows on the host and wants the answers there. Copies
-        # between pinned memory and the GPU are DMA the host need not watch, so it
-        # enqueues upload, replay and download and then sleeps on one blocking event:
-        # a pageable `.cpu()` instead spins a core for the whole forward (CUDA spins
-        # while a process has fewer contexts than the machine has cores), and a GPU
-        # policy worker measured a full core busy whatever its load.
+        # Pinned host mirrors: pinned copies are DMA, so the host enqueues upload,
+        # replay and download and sleeps on one blocking event, where a pageable
+        # `.cpu()` would spin a core for the whole forward.
         self._host_obs = {key: torch.empty(static.shape, dtype=static.dtype, pin_memory=True)
                           for key, static in self._obs.items()}
         self._host_rnn = torch.empty(self._rnn.shape, pin_memory=True)
@@ -151,7 +114,6 @@ class GraphedPolicy:
 
     @staticmethod
     def supported() -> bool:
-        """True when CUDA graphs can run here (a CUDA device is present)."""
         return cuda_available()
 
     def _act_static(self, size: int) -> ActOutput:
@@ -160,8 +122,7 @@ class GraphedPolicy:
 
     @torch.no_grad()
     def _capture(self) -> None:
-        # Warm-up runs on a side stream, as torch's graph docs advise, so that lazy
-        # initialisation happens outside the capture and off the caller's stream.
+        # Warm-up on a side stream (as torch's docs advise): lazy init stays out of the capture.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -171,10 +132,9 @@ class GraphedPolicy:
             self._refuse_host_sync()
         torch.cuda.current_stream(self.device).wait_stream(side)
 
-        # All graphs share one memory pool, captured largest first so the smaller
-        # ones fit into the blocks it freed. The price: a graph's temporaries may
-        # overlap another graph's static outputs, which is why __call__ copies the
-        # outputs out before the next replay can clobber them.
+        # One memory pool, captured largest first so smaller graphs reuse its blocks. A
+        # graph's temporaries may then overlap another's outputs, so __call__ copies
+        # outputs out before the next replay.
         pool = None
         for size in reversed(self.sizes):
             graph = torch.cuda.CUDAGraph()
@@ -184,10 +144,9 @@ class GraphedPolicy:
             self._graphs[size] = graph
 
     def _refuse_host_sync(self) -> None:
-        # Run after the plain warm-up, so a genuine model error has already surfaced
-        # as itself and any error here comes from the sync check.
+        # After the plain warm-up, so a real model error has surfaced as itself already.
         previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings():  # torch warns, at every policy worker's start, that the mode is a prototype
+        with warnings.catch_warnings():  # torch warns at every start that the mode is a prototype
             warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
             torch.cuda.set_sync_debug_mode("error")
         try:
@@ -218,8 +177,8 @@ class GraphedPolicy:
         return ActOutput(*(out[:batch].clone() for out in self._outputs[size]))
 
     def host_inputs(self, batch: int) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
-        """Pinned host views of `batch` rows for the caller to fill before `act_on_host`;
-        they stay valid until the next call of either."""
+        """Pinned host views of `batch` rows to fill before `act_on_host`; valid until
+        the next call of either."""
         self._host_batch = batch
         if batch > self.sizes[-1]:
             return self._eager.host_inputs(batch)
@@ -228,9 +187,7 @@ class GraphedPolicy:
     @torch.no_grad()
     def act_on_host(self, clock) -> ActOutput:
         """act() on what `host_inputs` handed out, answered in pinned host tensors valid
-        until the next call; `clock` (fastrl.cuda.timing) times the upload and replay
-        as "gpu_s" and the copies back as "d2h_s". Returns once the answers are there,
-        having slept (not spun) while the GPU worked."""
+        until the next call; sleeps, rather than spins, while the GPU works."""
         batch = self._host_batch
         if batch > self.sizes[-1]:
             return self._eager.act_on_host(clock)
@@ -249,11 +206,8 @@ class GraphedPolicy:
 
 
 def pad_ladder(max_batch: int) -> List[int]:
-    """Powers of two below `max_batch`, then `max_batch`.
-
-    Doubling bounds the padded work at under 2x the real batch while keeping the
-    number of graphs (capture time, graph memory) at log2(max_batch).
-    """
+    """Powers of two below `max_batch`, then `max_batch`: padding stays under 2x the
+    real batch with only log2(max_batch) graphs."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}.")
     sizes = []
@@ -271,14 +225,9 @@ def make_policy_runner(
     deterministic: bool = False,
     example_obs: Optional[Dict[str, torch.Tensor]] = None,
 ):
-    """A callable (obs, rnn_state) -> ActOutput for inference on `device`.
-
-    On CUDA, a `GraphedPolicy` over `pad_ladder(max_batch)`; if the model's act()
-    cannot be captured, a warning and an `EagerPolicy`. Elsewhere an `EagerPolicy`.
-    A capture that fails for another reason (a kernel or library that refuses graph
-    capture on this GPU) also falls back: inference that runs eagerly is slower,
-    a policy worker that dies over it stops the run.
-    """
+    """A callable (obs, rnn_state) -> ActOutput on `device`: a GraphedPolicy on CUDA,
+    else (or if capture fails for any reason, with a warning) an EagerPolicy. Slower
+    inference beats a policy worker that dies."""
     device = torch.device(device)
     if device.type != "cuda":
         return EagerPolicy(model, device, deterministic)
