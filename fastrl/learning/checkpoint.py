@@ -1,28 +1,12 @@
 """Atomic, self-verifying checkpoint files that cannot run code.
 
-A run can die at any instant (SIGKILL, power loss, full disk), and a resume must
-never load half a file. So every checkpoint is written to a temp file in the target
-directory, fsynced, renamed over its final name (atomic on POSIX), and the directory
-is fsynced so the rename itself survives a crash. Renaming alone does not catch a
-file damaged later (disk errors, a copy cut short), so each file starts with a header
-carrying the payload's length and SHA-256; a load checks both before unpickling.
-
-A checkpoint holds only tensors and plain data (dicts, lists and tuples of str, int,
-float, bool and None), and is read with torch.load(weights_only=True), whose
-unpickler builds nothing else: a checkpoint someone hands you cannot run code when
-fastrl opens it. The checksum cannot promise that, since whoever writes a payload
-writes its checksum too; what it tells apart is damage from intent. A file failing
-its checksum was damaged after it was written, and a resume skips it for an older
-one (CheckpointError); an intact file the unpickler refuses was written that way,
-and is refused outright (RefusedCheckpointError), never skipped: someone put it there.
-Saving converts numpy scalars to Python numbers and refuses anything else that is
-not plain data, so a file fastrl writes always loads.
-
-File layout: MAGIC (8 bytes) | payload length (uint64 LE) | sha256(payload) (32 bytes)
-| payload (torch.save of the state dict).
-
-Assumes one writer per checkpoint directory (the learner): stale temp files from a
-killed writer are deleted by the next save.
+Each file is written to a temp file, fsynced, renamed into place and the directory
+fsynced, so a crash never leaves half a file. A header (MAGIC | payload length |
+SHA-256) catches later damage: a damaged file is skipped for an older one
+(CheckpointError). Checkpoints hold only tensors and plain data and load with
+weights_only=True, so a file someone hands you cannot run code; an intact file the
+unpickler refuses was written that way on purpose and is refused outright
+(RefusedCheckpointError), never skipped. One writer per directory (the learner).
 """
 
 import copy
@@ -46,18 +30,17 @@ _TMP_PREFIX = ".tmp_"
 _TMP_SUFFIX = ".partial"
 BEST_NAME = "best.pt"
 _CHUNK = 1 << 20
-# Leaves and containers that torch.load(weights_only=True) rebuilds; what _plain accepts.
+# What torch.load(weights_only=True) rebuilds, so what _plain accepts.
 _LEAVES = (bool, int, float, str, type(None))
 _CONTAINERS = (dict, OrderedDict, list, tuple)
 
 
 class CheckpointError(Exception):
-    """A checkpoint file that is missing, truncated, corrupt or unreadable: damaged,
-    so a resume falls back to an older one. str() is one clause without a full
-    stop, "Checkpoint PATH PROBLEM", for callers to end with their own advice."""
+    """A checkpoint that is missing, truncated or corrupt, so a resume falls back to
+    an older one. str() is "Checkpoint PATH PROBLEM", for callers to add advice."""
 
     def __init__(self, path: str, problem: str):
-        super().__init__(path, problem)  # both in args: the exception pickles across processes
+        super().__init__(path, problem)  # both in args, so the exception pickles
         self.path, self.problem = path, problem
 
     def __str__(self) -> str:
@@ -65,13 +48,12 @@ class CheckpointError(Exception):
 
 
 class RefusedCheckpointError(CheckpointError):
-    """An intact checkpoint file that does not load as tensors and plain data: loading
-    it any further could run code, so nothing skips it silently."""
+    """An intact checkpoint that does not load as tensors and plain data: it could run
+    code, so it is never skipped silently."""
 
 
 def checkpoint_dir(cfg, policy: int = 0) -> str:
-    """Where an experiment's checkpoints live: <experiment>/checkpoints, and with
-    several policies each policy's in <experiment>/checkpoints/policy_<k>."""
+    """<experiment>/checkpoints, or .../policy_<k> with several policies."""
     root = os.path.join(cfg.experiment_dir, "checkpoints")
     return root if cfg.num_policies == 1 else os.path.join(root, f"policy_{policy}")
 
@@ -85,11 +67,9 @@ def _fsync_dir(directory: str) -> None:
 
 
 def _plain(value, where: str):
-    """`value` as data torch.load(weights_only=True) rebuilds: numpy scalars become
-    Python numbers (np.float32(0.5) pickles as a numpy object, which that loader
-    refuses), anything else that is not plain data is a TypeError naming `where`.
-    A container comes back as itself when nothing in it changed, so a model's
-    state_dict keeps its OrderedDict and the _metadata attribute on it."""
+    """`value` as plain data: numpy scalars become Python numbers, anything else not
+    plain is a TypeError naming `where`. Unchanged containers come back as themselves,
+    so a state_dict keeps its OrderedDict and _metadata."""
     if isinstance(value, torch.Tensor) or type(value) in _LEAVES:
         return value
     if isinstance(value, np.generic):
@@ -131,9 +111,8 @@ def _atomic_write(path: str, state: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
     try:
         with os.fdopen(fd, "w+b") as f:
-            # torch.save streams straight into the file instead of into memory first:
-            # a model plus optimizer state is not held twice in RAM. The digest is
-            # then computed by reading the payload back (from the page cache).
+            # torch.save streams into the file, so the state is not held twice in RAM;
+            # the digest reads the payload back from the page cache.
             f.write(b"\0" * _HEADER.size)
             torch.save(state, f)
             length = f.tell() - _HEADER.size
@@ -147,7 +126,7 @@ def _atomic_write(path: str, state: dict) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        # BaseException: a Ctrl-C mid-save must not leave a partial temp file either.
+        # BaseException: a Ctrl-C mid-save must not leave a temp file either.
         try:
             os.unlink(tmp)
         except FileNotFoundError:
@@ -157,8 +136,7 @@ def _atomic_write(path: str, state: dict) -> None:
 
 
 def _list_checkpoints(ckpt_dir: str):
-    """(step, path) of every checkpoint_<step>.pt file in ckpt_dir, oldest first. A
-    folder of that name is no checkpoint, and rotation could not delete it."""
+    """(step, path) of every checkpoint_<step>.pt file, oldest first (folders excluded)."""
     if not os.path.isdir(ckpt_dir):
         return []
     found = []
@@ -169,9 +147,8 @@ def _list_checkpoints(ckpt_dir: str):
     return sorted(found)
 
 
-# Checkpoint files this process wrote or verified, each with the fingerprint it had
-# then: the checksum of a file rotation keeps is read once, not at every save (a
-# keep of 50 large checkpoints would read them all each time).
+# Files this process wrote or verified, with their fingerprint then, so rotation reads
+# each file's checksum once, not at every save.
 _verified: dict = {}
 
 
@@ -181,8 +158,7 @@ def _fingerprint(path: str) -> tuple:
 
 
 def _is_good(path: str) -> bool:
-    """Whether checkpoint `path` passes its checksum, read only if it changed since
-    this process last found it good."""
+    """Whether `path` passes its checksum, read only if it changed since last verified."""
     fingerprint = _fingerprint(path)
     if _verified.get(path) == fingerprint:
         return True
@@ -195,20 +171,9 @@ def _is_good(path: str) -> bool:
 
 
 def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> str:
-    """Atomically write `state` as <ckpt_dir>/checkpoint_<name_step:012d>.pt.
-
-    Afterwards only the newest `keep` good checkpoints remain (by step number); the
-    file just written is never deleted, even if older-numbered than the others.
-    Returns the path written.
-
-    Damaged checkpoints are deleted whatever their number, and count for nothing.
-    One a resume skipped would otherwise stay: numbered above the resumed run's
-    files, it would hold a slot for good while the good checkpoints beside it
-    rotated out, or, below them, hold one of the `keep` slots meant for good ones.
-    Telling good from damaged takes reading a file for its checksum, which each
-    process does once per file: its own files are known good, and a file verified
-    once is not read again while it is unchanged (see _is_good).
-    """
+    """Atomically write <ckpt_dir>/checkpoint_<name_step:012d>.pt and return its path.
+    Afterwards only the newest `keep` good checkpoints remain, this one always among
+    them; damaged files are deleted whatever their number, so they hold no slot."""
     state = _check_state(state)
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep={keep!r} must be an int >= 1 (the number of checkpoints to retain).")
@@ -235,11 +200,8 @@ def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> st
 
 
 def save_best(ckpt_dir: str, state: dict, score: float) -> str:
-    """Atomically write `state` plus {"best_score": score} as <ckpt_dir>/best.pt.
-
-    Writes unconditionally: the caller decides what counts as a new best (it can
-    read the previous score back with load_checkpoint(...)["best_score"]).
-    """
+    """Atomically write `state` plus {"best_score": score} as <ckpt_dir>/best.pt; the
+    caller decides what counts as a new best."""
     state = _check_state(state)
     os.makedirs(ckpt_dir, exist_ok=True)
     path = os.path.join(ckpt_dir, BEST_NAME)
@@ -248,16 +210,11 @@ def save_best(ckpt_dir: str, state: dict, score: float) -> str:
 
 
 def load_checkpoint(path: str) -> dict:
-    """Verify and load one checkpoint file onto the CPU, as tensors and plain data only.
-
-    Raises CheckpointError naming the file and the problem when it is missing,
-    truncated or fails its checksum, and RefusedCheckpointError when it is intact
-    but is not a dict of tensors and plain data.
-    """
+    """Verify and load one checkpoint onto the CPU: CheckpointError if it is missing
+    or damaged, RefusedCheckpointError if intact but not plain data."""
     payload = _verified_payload(path)
     try:
-        # map_location="cpu" lets a GPU checkpoint open anywhere; load_state_dict
-        # moves tensors to the model's device.
+        # On the CPU so a GPU checkpoint opens anywhere; load_state_dict moves tensors.
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - intact bytes that are not plain data all mean the same
         raise RefusedCheckpointError(path, _refusal(err)) from None
@@ -267,8 +224,7 @@ def load_checkpoint(path: str) -> dict:
 
 
 def _verified_payload(path: str) -> bytes:
-    """The payload of checkpoint file `path` once its header, length and checksum
-    check out; CheckpointError naming the problem otherwise."""
+    """The payload once header, length and checksum check out; else CheckpointError."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -296,9 +252,7 @@ def _verified_payload(path: str) -> bytes:
 
 
 def _refusal(err: Exception) -> str:
-    """Why an intact payload was refused. torch names the first thing its unpickler
-    would not build as "GLOBAL module.name"; that name is worth showing (exec,
-    posix.system), and its absence (a payload that is not a pickle) is said too."""
+    """Why an intact payload was refused, naming the global torch's unpickler refused."""
     needs = re.search(r"GLOBAL (\S+)", str(err))
     if needs:
         return f"holds more than tensors and plain data (it needs {needs.group(1)}), so loading it could run code"
@@ -306,15 +260,9 @@ def _refusal(err: Exception) -> str:
 
 
 def load_latest_checkpoint(ckpt_dir: str) -> Tuple[Optional[dict], Optional[str]]:
-    """Load the newest good checkpoint in ckpt_dir: (state, path), or (None, None)
-    when it holds no checkpoint file.
-
-    Damaged files are skipped for the next older one, each named in a warning, so a
-    crash mid-copy or a damaged disk block costs one checkpoint interval rather than
-    the run (and the next save_checkpoint deletes them). When every file is damaged
-    this raises CheckpointError instead of returning (None, None): starting over
-    would throw away the whole run, which is the user's call. A
-    RefusedCheckpointError is raised, never skipped.
+    """(state, path) of the newest good checkpoint, or (None, None) if there is none.
+    Damaged files are skipped with a warning; if every file is damaged this raises,
+    as starting over would be the user's call. RefusedCheckpointError is never skipped.
     """
     damaged = []
     for _, path in reversed(_list_checkpoints(ckpt_dir)):
