@@ -118,8 +118,8 @@ def slot_of(target: str) -> str:
 
 
 class TrainRun:
-    """`python -m fastrl.train` in its own session, its output read by a thread into
-    `lines` (and a log file), and every descendant it ever had noted by pid and
+    """`python -m fastrl.train` under setsid (its own process group), its output read
+    by a thread into `lines` (and a log file), and every descendant it ever had noted by pid and
     start time: a pid seen minutes ago may belong to another program by the end."""
 
     def __init__(self, cmd: list, log_path: str):

@@ -14,9 +14,9 @@
 # SECONDS_PER_RUN (60), SKIP (half of it), ROUNDS (1), WORKERS (the cores), ENVS (8)
 # and FASTRL_LAYOUT (fixed) set the comparisons (Sample Factory's rate moved by a
 # third between two one-round calls on one machine: two rounds say more; at 16 x 16
-# its engines stepped their first frames 36-44 s after launch on the fortieth
-# session's H200, so a steady window needs runs of 120 s or more, which one
-# 15-minute lease holds for one scenario); FASTRL_EXTRA adds
+# its engines stepped their first frames 36-44 s after launch on a 16-core GPU
+# machine, so a steady window needs runs of 120 s or more, which one 15-minute lease
+# holds for one scenario); FASTRL_EXTRA adds
 # fastrl.train options to fastrl's side alone (say "--num_workers 15
 # --num_envs_per_worker 32 --num_policy_workers 1" against SF at WORKERS x ENVS).
 #
@@ -132,8 +132,8 @@ fi
 wants compile && step compile 180 "$PY" -m fastrl.bench --env doom_battle --mode train --device cuda \
     --seconds 20 --warmup 20 --with_wandb false --compile_learner on
 
-# What a GPU run trains while its learner compiles in the background: the
-# twenty-eighth session's trained a tenth of its rate for the compile's 35 s, the
+# What a GPU run trains while its learner compiles in the background: one measured
+# run trained a tenth of its rate for the compile's 35 s, the
 # eager step (the host launching kernels) waiting on the GIL behind the compiling
 # thread's tracing. Since the compile thread holds the switch interval at 0.1 ms, a
 # CPU step beside it takes 1.02x its time alone (1.73x at 5 ms): the status lines

@@ -28,8 +28,8 @@ a change in the machine's load during the suite falls on every system alike.
   sf      Sample Factory's `sf_examples.vizdoom.train_vizdoom` with SF's own defaults
           for the env name, 2 workers x 16 envs, CPU; Doom envs only. Its own
           --train_for_seconds never fires in 2.1.1, so it gets SIGINT at the budget.
-After each run, anything left in its process session is killed and its ViZDoom
-shared-memory segments unlinked (vs_sample_factory.Run does both).
+After each run, anything left of it (every process under its sid) is killed and its
+ViZDoom shared-memory segments unlinked (vs_sample_factory.Run does both).
 
 What is measured. Each system reports every few seconds (fastrl and SB3 every
 --report_seconds, SF every 5 s, its fixed interval) its seconds since launch, env
@@ -88,7 +88,7 @@ SYSTEMS = ("fastrl", "sb3", "sf")
 # caps at 500; LunarLander's own "solved" is 200; Pendulum's best policies score about
 # -150). doom_health_gathering_supreme's is chosen from Sample Factory's curve: a game
 # score of 700 (an agent alive ~800 tics a life) is what every one of SF's seeds 0-2
-# reached in 10 minutes here (benchmarks/README.md, thirteenth session). None: no
+# reached in 10 minutes on a 2-core machine. None: no
 # agreed threshold, so the suite reports the curve and the return at the budget only.
 TARGETS = {
     "CartPole-v1": 300.0,
@@ -99,7 +99,7 @@ TARGETS = {
     "doom_defend_the_center": None,
     # Breakout's full-game score, chosen from SB3's curve as health gathering's is from
     # Sample Factory's: 7 is rl-zoo3's PPO's median score after 8 minutes on 2 cores
-    # (4.5 / 7.0 / 7.9, benchmarks/README.md, twenty-fourth session); the zoo trains
+    # (4.5 / 7.0 / 7.9); the zoo trains
     # 10M agent steps, far past any budget of minutes here.
     "atari_breakout": 7.0,
     "doom_defend_the_line": None,

@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     # two OpenMP threads sharing the cores with any other busy process made every
     # CartPole update take seconds (45 env frames/s against 5,800 with one thread,
     # measured). Atari's CNN is the other way: 1,059 env frames/s on Breakout with
-    # torch's 2 threads against 649 with one (AMD EPYC, 2 cores, 50 s each).
+    # torch's 2 threads against 649 with one (50 s each).
     threads = args.torch_threads or (torch.get_num_threads() if args.env in ATARI_IDS else 1)
     torch.set_num_threads(threads)
     zoo = dict(ZOO_PPO[args.env])

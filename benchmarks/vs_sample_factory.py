@@ -47,8 +47,9 @@ The headline ratio is fastrl / SF on stepped window FPS; the median is over roun
 Stopping: fastrl stops itself (--train_for_seconds counts from its launch). SF
 2.1.1's --train_for_seconds never fires (runner.total_train_seconds is never
 incremented), so SF gets SIGINT at the same time since launch; its runner then stops
-its workers (they ignore SIGINT) and exits. After every run, any process still in the
-run's session (ViZDoom engines ignore SIGTERM) is SIGKILLed and every /dev/shm segment
+its workers (they ignore SIGINT) and exits. After every run, any process still under the
+run's sid (it starts under setsid, and everything it starts inherits the id; ViZDoom
+engines ignore SIGTERM) is SIGKILLed and every /dev/shm segment
 of the run's ViZDoom games (named by the +viz_instance_id seen on the engines' command
 lines during the run) is unlinked; both are counted and reported.
 """
@@ -82,10 +83,10 @@ SF_PINS = {"torch": "2.13.0", "sample-factory": "2.1.1", "vizdoom": "1.3.2"}
 FRAMESKIP = 4
 # A window whose second half steps more than this many times its first held the run's start-up.
 # A steady run's halves differ by the noise; the margin above it leaves room for a CPU
-# run whose compiled learner switches in mid-window. On one H200 machine Sample Factory's
-# doom_defend_the_center stepped its first frames 44 s into a 50-s run: a window from
-# 20 s gave it 3,722 fps (halves 0 and 6,544) and fastrl a 19.8x ratio that said
-# nothing of either side's steady state (benchmarks/README.md, fortieth session).
+# run whose compiled learner switches in mid-window. On a 16-core GPU machine Sample
+# Factory's doom_defend_the_center stepped its first frames 44 s into a 50-s run: a
+# window from 20 s gave it 3,722 fps (halves 0 and 6,544) and fastrl a 19.8x ratio that
+# said nothing of either side's steady state.
 RAMP_LIMIT = 1.5
 SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
@@ -221,14 +222,14 @@ def sf_command(args, experiment: str) -> list:
 
 
 # ----------------------------------------------------------------------------------
-# Processes: the run's session, its ViZDoom engines and their /dev/shm segments
+# Processes: everything under the run's sid, its ViZDoom engines and their /dev/shm segments
 
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _stat(pid: int):
-    """(ppid, session id, cpu seconds used) of a live process, else None. A zombie (dead,
+    """(ppid, sid, cpu seconds used) of a live process, else None. A zombie (dead,
     waiting for a parent to reap it; here often init, which reaps late) counts as gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -255,14 +256,14 @@ def _cmdline(pid: int) -> list:
         return []
 
 
-def session_processes(sid: int) -> list:
-    """pids of every process in session `sid` (the run and all it started, orphans
-    included: the session survives the death of its leader)."""
-    return list(session_cpu(sid))
+def processes_under_sid(sid: int) -> list:
+    """pids of every process whose sid is `sid` (the run and all it started, orphans
+    included: the id outlives the process that set it)."""
+    return list(cpu_under_sid(sid))
 
 
-def session_cpu(sid: int) -> dict:
-    """pid -> cpu seconds used, for every live process in session `sid`."""
+def cpu_under_sid(sid: int) -> dict:
+    """pid -> cpu seconds used, for every live process whose sid is `sid`."""
     out = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -289,16 +290,16 @@ def _mp_semaphores() -> list:
 
 
 class Run:
-    """One training command: launched in its own session, watched, stopped, cleaned."""
+    """One training command: launched under setsid, watched, stopped, cleaned."""
 
     def __init__(self, side: str, cmd: list, cwd: str, log_path: str):
         self.side, self.cmd, self.cwd, self.log_path = side, cmd, cwd, log_path
-        self.engines = {}  # pid -> viz instance id, every ViZDoom engine seen in the session
+        self.engines = {}  # pid -> viz instance id, every ViZDoom engine seen under the run's sid
         self.stop_note = ""
         self.cpu = {}  # pid -> cpu seconds, the most seen, for every process of the run
 
     def watch(self) -> None:
-        for pid, cpu in session_cpu(self.proc.pid).items():
+        for pid, cpu in cpu_under_sid(self.proc.pid).items():
             self.cpu[pid] = max(cpu, self.cpu.get(pid, 0.0))
             if pid not in self.engines:
                 inst = vizdoom_instance(pid)
@@ -348,7 +349,7 @@ class Run:
     def cleanup(self) -> None:
         """Kill what the run left alive and unlink its games' segments; count both."""
         time.sleep(2.0)  # a clean shutdown's last engines are given a moment to go
-        left = [p for p in session_processes(self.proc.pid)]
+        left = [p for p in processes_under_sid(self.proc.pid)]
         self.left_processes = [{"pid": p, "name": os.path.basename(_cmdline(p)[0] or "?"),
                                 "vizdoom": vizdoom_instance(p) is not None} for p in left]
         for p in left:

@@ -2,10 +2,10 @@
 without paying for a new interpreter and torch's import every time.
 
 This process imports what the commands share once, then forks one child per command
-line. The child takes the command's working folder, its own session and output
-files, sets sys.argv, runs the module as __main__ (runpy, as `-m` does) and exits
-with the code the interpreter would give, after the thread joins, atexit handlers
-and stream flushes of a normal exit. What it skips is the interpreter's start-up,
+line. The child takes the command's working folder, a process group of its own
+(setsid) and output files, sets sys.argv, runs the module as __main__ (runpy, as
+`-m` does) and exits with the code the interpreter would give, after the thread
+joins, atexit handlers and stream flushes of a normal exit. What it skips is the interpreter's start-up,
 torch's import and the teardown of the modules at exit; a failure there is for the
 end-to-end tests that start real interpreters.
 

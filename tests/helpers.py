@@ -40,9 +40,9 @@ def shm_entries() -> set:
 
 
 class TrainRun:
-    """`python -m <module> ARGS` as a user starts it, in its own session (so a
-    Ctrl-C can be sent to its whole process group, as a terminal does), with the
-    pids of every descendant seen while it ran."""
+    """`python -m <module> ARGS` as a user starts it, under setsid in a process
+    group of its own (so a Ctrl-C can be sent to the whole group, as a terminal
+    does), with the pids of every descendant seen while it ran."""
 
     def __init__(self, args: list, module: str = "fastrl.train", env: dict | None = None):
         self.shm_before = shm_entries()

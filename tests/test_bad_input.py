@@ -249,7 +249,7 @@ def run_cases(cases: list, root: str, cwd: str) -> list:
     """Every row's command as a user runs it, forked from one interpreter that has
     imported torch (fork_launcher.py says why and what that leaves out). A row that
     was not refused may go on training, so it gets TIMEOUT_S and then its whole
-    session is killed, and the row fails."""
+    process group is killed, and the row fails."""
     # No bytecode caches and a working folder outside root: the rows must leave root as it was.
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (REPO, root, os.environ.get("PYTHONPATH")) if p)}

@@ -341,7 +341,7 @@ def test_the_compile_keeps_inductors_cache_in_the_users_cache_unless_told_where(
 def test_the_first_step_and_the_compiles_start_leave_torch_dynamo_unimported(tmp_path):
     # The learner's first batch waits for its first step, whose end starts the
     # compile: importing torch._dynamo there cost it a second (inductor's module that
-    # knows its default cache folder imports it; forty-fourth session). The compiling
+    # knows its default cache folder imports it). The compiling
     # process, stubbed here, imports it in its own process.
     code = textwrap.dedent("""
         import sys

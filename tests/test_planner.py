@@ -60,8 +60,8 @@ def test_a_learner_bound_run_gives_the_learner_the_spare_core():
     assert plan.predicted["trained_steps_per_s"] > one["trained_steps_per_s"]
 
 
-# doom_battle on the 2-core Intel Xeon of the thirty-ninth session: the cached profile
-# that planned its 2-thread learner (the second thread 2.4x faster on quiet cores).
+# doom_battle on a 2-core Intel Xeon: the cached profile that planned its 2-thread
+# learner (the second thread 2.4x faster on quiet cores).
 XEON_DOOM = Costs(cores=2, env_s=731e-6, forward_s={8: 683e-6, 16: 437e-6, 32: 361e-6, 64: 306e-6},
                   train_s={1: 947e-6, 2: 390e-6})
 
@@ -124,7 +124,7 @@ def test_one_gpu_runs_every_policy_workers_forward_and_the_learners_steps_in_tur
     # Four policy workers at 12 x 8 each batch a quarter of the requests (a split of 4
     # envs from every worker: 12 samples), and their forwards queue on the one GPU
     # with the learner's steps: an H200 ran that layout at 60k env frames/s and one
-    # policy worker at 15 x 32 at 93k (twenty-seventh session), where the model,
+    # policy worker at 15 x 32 at 93k, where the model,
     # as if each policy worker had a GPU of its own, had predicted 152k and 73k.
     four = predict(H200_DOOM, Layout(12, 8, "policy_worker", 4, 1), Workload(1, 32, 1024))
     one = predict(H200_DOOM, Layout(15, 32, "policy_worker", 1, 1), Workload(1, 32, 1024))
