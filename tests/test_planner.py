@@ -100,7 +100,7 @@ def test_policy_workers_when_inference_is_expensive_and_cores_many():
     assert plan.inference == "policy_worker"
 
 
-# doom_battle's costs as a 16-core H200 machine measured them (benchmarks/README.md):
+# doom_battle's costs as a 16-core H200 machine measured them (gpu_check.sh's bench):
 # an env step of 435 us a core, a CPU forward of 110-143 us a sample, the learner's
 # GPU step 28 us a sample, a GPU forward 60 us a sample at 16 and 1.5 us at 1,024.
 H200_DOOM = Costs(cores=16, env_s=435e-6, forward_s={16: 143e-6, 128: 110e-6}, train_s={1: 28e-6}, gpu=True,

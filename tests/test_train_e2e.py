@@ -220,8 +220,8 @@ def test_an_experiment_from_before_return_normalisation_was_the_default_resumes(
 
 def test_an_experiment_saved_with_options_since_removed_plays_and_resumes(tmp_path):
     # --clip_anchor, --lr_kl_target and --lr_schedule kl_adaptive were measured and
-    # removed (benchmarks/README.md); config.json and the checkpoints of a run from
-    # before still name them.
+    # removed (their numbers are in git's history of benchmarks/README.md); config.json
+    # and the checkpoints of a run from before still name them.
     removed = {"clip_anchor": "proximal", "lr_schedule": "kl_adaptive", "lr_kl_target": 0.008}
     cfg = make_experiment(str(tmp_path), "older", hidden_sizes="8")
     config_path = os.path.join(cfg.experiment_dir, "config.json")
