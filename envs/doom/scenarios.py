@@ -29,7 +29,7 @@ FASTRL_SCENARIO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 
 # Episodes a ViZDoom engine plays before DoomEnv replaces it with a fresh one (the
 # trainer's --doom_engine_recycle_episodes defaults to it too).
-# Measured with benchmarks/doom_engine_memory.py (AMD EPYC, 2 cores): an engine grows
+# Measured with benchmarks/experiments/doom_engine_memory.py (AMD EPYC, 2 cores): an engine grows
 # 1.6-1.9 MB per million frames it renders, and a replacement costs 0.12-0.13 s. On the
 # shortest episodes seen (doom_basic under random actions, 13 ms of bare stepping each)
 # 1000 episodes keep that cost at 1% of the engine's own stepping time, far less of a
