@@ -1,7 +1,8 @@
 """Every option of fastrl in one dataclass, the command line built from it, and
 the checks that refuse an impossible configuration before any process starts.
 
-Each field carries its help text where it is declared; `--help` prints them all.
+Each field carries its help text where it is declared, and whether it is one of the
+options most runs touch, which `--help` lists; `--help_all` lists every one.
 """
 from __future__ import annotations
 
@@ -38,26 +39,43 @@ class ConfigError(ValueError):
     """A configuration a run can never succeed with; the message says how to fix it."""
 
 
-def _opt(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra})
+# The heading the Config fields declared next are listed under (`_section`).
+_SECTION = [""]
+
+
+def _section(title: str) -> None:
+    """Open a group of Config fields: `--help`, `--help_all` and docs/options.md list
+    the fields declared after it, up to the next `_section`, under this title."""
+    _SECTION[0] = title
+
+
+def _opt(default, help: str, *, common: bool = False, **extra):
+    """A Config field and its command-line option. common: listed by `--help`, which
+    keeps to the options most runs touch; `--help_all` lists every one."""
+    return field(default=default, metadata={"help": help, "common": common, "section": _SECTION[0], **extra})
 
 
 @dataclass
 class Config:
-    # --- what to train and where it goes -------------------------------------------
+    _section("what to train and where it goes")
     env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...) or any gymnasium id (CartPole-v1). "
                         "doom_* and atari_* envs, and envs with continuous actions, change the defaults of options "
-                        "you do not set (fastrl/presets.py).")
-    experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.")
-    train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).")
-    restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).")
-    seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling (fastrl/plumbing/seeding.py).")
-    device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
+                        "you do not set (fastrl/presets.py).", common=True)
+    experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.", common=True)
+    train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).", common=True)
+    restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).", common=True)
+    seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling (fastrl/plumbing/seeding.py).", common=True)
+    device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"), common=True)
 
-    # --- processes --------------------------------------------------------------------
-    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs (per rank under torchrun).")
+    _section("when to stop")
+    train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.", common=True)
+    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time since the command started; 0 = no limit.", common=True)
+    stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.", common=True)
+
+    _section("processes")
+    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs (per rank under torchrun).", common=True)
     num_envs_per_worker: int = _opt(32, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering); "
-                                    "with several policies, in one group per policy.")
+                                    "with several policies, in one group per policy.", common=True)
     inference: str = _opt(
         "local",
         "Where actions are computed: 'local' runs the model inside each rollout worker on its own envs (no round trip, best on few CPU cores); "
@@ -79,7 +97,7 @@ class Config:
                                   "keeps a buffer of its own, which may add up to 1 + workers / (buffers per batch) "
                                   "batches of lag.")
     plan: str = _opt("auto", "Process layout: 'auto' picks workers, envs, inference and learner threads from a "
-                     "profile of this machine and earlier runs; 'fresh' forgets those first; 'off' or a plan.json.")
+                     "profile of this machine and earlier runs; 'fresh' forgets those first; 'off' or a plan.json.", common=True)
     worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes. With more busy processes than cores, "
                             "Linux shares the CPU by weight, and a higher value shifts it from the actors to the learner; "
                             "--plan auto sets it so the learner gets the share its cost needs.")
@@ -91,7 +109,7 @@ class Config:
                        "wait; off by default: measured on a loaded 2-core machine, a second learner thread cut training ~10x.")
     inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
 
-    # --- several policies ------------------------------------------------------------------
+    _section("several policies")
     num_policies: int = _opt(1, "Policies trained at once, each with its own learner process, weights, optimiser and "
                              "checkpoints (<experiment>/checkpoints/policy_<k>), sharing the rollout and policy workers: "
                              "every worker splits its envs into one group per policy, so each policy acts in an equal "
@@ -108,10 +126,10 @@ class Config:
     pbt_perturb_factor: float = _opt(1.2, "PBT: each perturbed hyperparameter is multiplied or divided by this (gamma: "
                                      "its horizon 1 / (1 - gamma)), then kept within its bounds (fastrl/learning/pbt.py).")
 
-    # --- algorithm: APPO ----------------------------------------------------------------
-    rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.")
+    _section("algorithm (APPO)")
+    rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.", common=True)
     batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split. Per rank under "
-                           "torchrun: each gradient step then averages over ranks x this many samples.")
+                           "torchrun: each gradient step then averages over ranks x this many samples.", common=True)
     ppo_epochs: int = _opt(2, "Passes over each batch.")
     num_minibatches: int = _opt(4, "Gradient steps per pass; the batch is split evenly among them (see --minibatch_split).")
     minibatch_split: str = _opt(
@@ -125,9 +143,9 @@ class Config:
     )
     lr: float = _opt(2e-3, "Adam learning rate; 1e-3 (with --target_kl 0.01) when the env's actions are continuous (a Box), unless its "
                           "name's presets set one (fastrl/presets.py). 2e-3, not 1e-3: CartPole-v1 and LunarLander-v3 "
-                          "reach their targets sooner (benchmarks/README.md, twentieth session).")
+                          "reach their targets sooner (benchmarks/README.md, twentieth session).", common=True)
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
-    gamma: float = _opt(0.99, "Discount factor.")
+    gamma: float = _opt(0.99, "Discount factor.", common=True)
     reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); "
                                "with --normalize_returns false it is what keeps the value targets near 1.")
     reward_clip: float = _opt(0.0, "Clip each (scaled) reward to [-this, this] before learning (0 = off); 1 turns an "
@@ -167,7 +185,7 @@ class Config:
     lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant', or 'linear', which decays --lr to 0 at "
                             "--train_for_env_frames (needs that budget).", choices=("constant", "linear"))
 
-    # --- model --------------------------------------------------------------------------
+    _section("model")
     hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
     activation: str = _opt("tanh", "MLP activation.", choices=("tanh", "relu", "elu"))
     encoder_init_gain: float = _opt(math.sqrt(2.0), "Orthogonal-init gain of the encoders' conv and linear layers "
@@ -175,7 +193,7 @@ class Config:
     policy_init_gain: float = _opt(0.01, "Orthogonal-init gain of the policy head: small starts the policy near uniform "
                                    "(Sample Factory uses 1; on doom_defend_the_center, 1 for both gains with Sample "
                                    "Factory's loss settings got past the turn-and-fire plateau: benchmarks/README.md).")
-    use_rnn: bool = _opt(False, "Add a GRU core after the encoder.")
+    use_rnn: bool = _opt(False, "Add a GRU core after the encoder.", common=True)
     conv_stack: str = _opt("fastrl", "Image encoders' conv layers: fastrl (32k8s4, 64k4s2, 128k3s2: coarse and cheap) "
                            "or nature (the DQN paper's 32k8s4, 64k4s2, 64k3s1: finer cells).",
                            choices=("fastrl", "nature"))
@@ -213,7 +231,7 @@ class Config:
     separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
                                  "costs a second encoder pass, so image models may prefer false.")
 
-    # --- env options --------------------------------------------------------------------
+    _section("env options")
     doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
     doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
     doom_hud: bool = _opt(False, "Doom: render the status bar (health, ammo, armor, weapons) at the bottom of the frame, "
@@ -238,24 +256,19 @@ class Config:
     atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
     atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
 
-    # --- when to stop -------------------------------------------------------------------
-    train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.")
-    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time since the command started; 0 = no limit.")
-    stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.")
-
-    # --- monitoring -----------------------------------------------------------------------
-    with_wandb: bool = _opt(False, "Also log to Weights & Biases (TensorBoard files are always written under <experiment>/tb).")
-    wandb_project: str = _opt("fastrl", "W&B project to log into.")
+    _section("monitoring")
+    with_wandb: bool = _opt(False, "Also log to Weights & Biases (TensorBoard files are always written under <experiment>/tb).", common=True)
+    wandb_project: str = _opt("fastrl", "W&B project to log into.", common=True)
     wandb_entity: str = _opt("", "W&B user or team that owns the project (empty = your default entity).")
     wandb_group: str = _opt("", "W&B group, to show several runs of one study together (empty = none).")
     wandb_tags: str = _opt("", "W&B tags, comma separated, like cartpole,baseline.")
 
-    # --- evaluation ----------------------------------------------------------------------
+    _section("evaluation")
     eval_every_frames: int = _opt(0, "Every this many env frames, play --eval_episodes full episodes with the deterministic policy "
-                                  "in a separate process, report eval/return and keep the best checkpoint; 0 = no evaluation.")
-    eval_episodes: int = _opt(5, "Episodes per evaluation (its cost: this many episodes per --eval_every_frames frames).")
+                                  "in a separate process, report eval/return and keep the best checkpoint; 0 = no evaluation.", common=True)
+    eval_episodes: int = _opt(5, "Episodes per evaluation (its cost: this many episodes per --eval_every_frames frames).", common=True)
 
-    # --- past one machine: torchrun ----------------------------------------------------------
+    _section("past one machine (torchrun)")
     dist_backend: str = _opt("auto", "Under torchrun, how the ranks' learners all-reduce their gradients: gloo (CPU tensors, any "
                              "network), nccl (CUDA tensors), or auto = nccl when the learner computes on CUDA, else gloo. "
                              "Ignored without torchrun.", choices=("auto", "gloo", "nccl"))
@@ -264,10 +277,10 @@ class Config:
                                        "a hung one after this long. Ranks wait for each other's batches every step, so keep it "
                                        "well above the slowest rank's time to fill a batch and to start.")
 
-    # --- bookkeeping ----------------------------------------------------------------------
-    checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).")
+    _section("checkpoints, status lines and restarts")
+    checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).", common=True)
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
-    status_every_seconds: float = _opt(5.0, "Seconds between console status lines.")
+    status_every_seconds: float = _opt(5.0, "Seconds between console status lines.", common=True)
     worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs); "
                                        "so is any process holding a queue's lock this long, hung inside a queue call.")
     max_worker_restarts: int = _opt(5, "A rollout or policy worker killed or hung more often than this within 10 minutes stops the run, "
@@ -547,27 +560,65 @@ TRAIN_DESCRIPTION = ("Train an agent with asynchronous APPO. On several machines
                      "writes for the run (README: Past one machine).")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, except an empty one (--env, --experiment)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default == "" else super()._get_help_string(action)
+
+
+HELP_ALL_EPILOG = "docs/options.md gives every option's default, meaning and the reasons behind it."
+
+
+class _HelpAll(argparse.Action):
+    """--help_all: the help with every option, where --help shows the common ones."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for action in parser._actions:
+            action.help = getattr(action, "full_help", action.help)
+        parser.epilog = HELP_ALL_EPILOG
+        parser.print_help()
+        parser.exit()
+
+
 def build_parser(prog: str = "python -m fastrl.train", description: str = TRAIN_DESCRIPTION,
                  error_name: str = "fastrl") -> argparse.ArgumentParser:
+    """Every Config field as an option, in one group per `_section`. `--help` shows
+    the common ones (`_opt(..., common=True)`); the others parse all the same, and
+    `--help_all` shows them too."""
+    fields = dataclasses.fields(Config)
+    shown = sum(f.metadata["common"] for f in fields)
     parser = OneLineParser(prog=prog, description=description, allow_abbrev=False, error_name=error_name,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(Config):
+                           usage="%(prog)s --env ENV [options]",
+                           epilog=f"Shown: the {shown} options most runs touch. --help_all lists all {len(fields)}; "
+                                  + HELP_ALL_EPILOG,
+                           formatter_class=_HelpFormatter)
+    parser.add_argument("--help_all", action=_HelpAll, help="Show every option, not only the common ones, and exit.")
+    groups = {}
+    for f in fields:
         meta = f.metadata
+        if meta["section"] not in groups:
+            groups[meta["section"]] = parser.add_argument_group(meta["section"])
         # argparse formats help with %-interpolation (%(default)s), so a literal % must be doubled.
         kwargs = {"default": f.default, "help": meta["help"].replace("%", "%%"), "dest": f.name}
         if f.type in ("bool", bool):
             kwargs.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
         elif f.type in ("int", int):
-            kwargs["type"] = int
+            kwargs.update(type=int, metavar="N")
         elif f.type in ("float", float):
-            kwargs["type"] = float
+            kwargs.update(type=float, metavar="X")
         elif f.type in ("Optional[float]",):
-            kwargs["type"] = _optional_float
+            kwargs.update(type=_optional_float, metavar="X")
         else:
             kwargs["type"] = str
         if "choices" in meta:
             kwargs["choices"] = meta["choices"]
-        parser.add_argument(f"--{f.name}", **kwargs)
+        action = groups[meta["section"]].add_argument(f"--{f.name}", **kwargs)
+        if not meta["common"]:
+            action.full_help, action.help = action.help, argparse.SUPPRESS
     return parser
 
 
@@ -584,7 +635,7 @@ def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> t
             parser.error(f"{flag} was removed ({RETIRED_OPTIONS[flag[2:]]}); drop it.")
         known = [a for action in parser._actions for a in action.option_strings]
         guess = difflib.get_close_matches(flag, known, n=1)
-        hint = f" Did you mean {guess[0]}?" if guess else " Run with --help to list the options."
+        hint = f" Did you mean {guess[0]}?" if guess else " Run with --help_all to list every option."
         parser.error(f"unknown option {bad}.{hint}")
     names = {f.name for f in dataclasses.fields(Config)}
     explicit = _explicit_options(argv, parser) & names

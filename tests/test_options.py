@@ -1,0 +1,64 @@
+"""The two tiers of fastrl's options: `--help` lists the common ones, grouped as
+Config's sections; `--help_all` lists every one, under the same headings."""
+import dataclasses
+import re
+import subprocess
+import sys
+
+from fastrl.config import Config, build_parser
+
+FIELDS = dataclasses.fields(Config)
+COMMON = [f.name for f in FIELDS if f.metadata["common"]]
+MOST_COMMON = 25  # what a newcomer reads before the first run; the rest is --help_all's
+
+
+def run_help(module: str, flag: str) -> str:
+    out = subprocess.run([sys.executable, "-m", module, flag], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def listed_options(text: str) -> list:
+    """The options a help text lists, in order (-h, --help aside): each opens its own line."""
+    return re.findall(r"^  (--\w+)", text, re.M)
+
+
+def sections_in_order() -> list:
+    return list(dict.fromkeys(f.metadata["section"] for f in FIELDS))
+
+
+def test_every_option_is_declared_in_a_section_and_a_tier():
+    for f in FIELDS:
+        assert f.metadata["section"], f"{f.name} is declared before the first _section()"
+        assert isinstance(f.metadata["common"], bool), f.name
+    assert 0 < len(COMMON) <= MOST_COMMON
+
+
+def test_help_lists_only_the_common_options_under_their_sections():
+    text = run_help("fastrl.train", "--help")
+    assert listed_options(text) == ["--help_all", *(f"--{name}" for name in COMMON)]
+    # A section with a common option keeps its heading; one without any is left out.
+    headings = [s for s in sections_in_order() if any(f.metadata["common"] and f.metadata["section"] == s
+                                                      for f in FIELDS)]
+    assert [h for h in re.findall(r"^(\S.*):$", text, re.M) if h != "options"] == headings
+    assert "--help_all lists all" in text and "docs/options.md" in text
+
+
+def test_help_all_lists_every_option_grouped_as_the_dataclass_declares_them():
+    text = run_help("fastrl.train", "--help_all")
+    assert listed_options(text) == ["--help_all", *(f"--{f.name}" for f in FIELDS)]
+    assert [h for h in re.findall(r"^(\S.*):$", text, re.M) if h != "options"] == sections_in_order()
+
+
+def test_an_option_left_out_of_help_still_parses():
+    rare = next(f.name for f in FIELDS if not f.metadata["common"] and f.type in ("int", int))
+    args = build_parser().parse_args([f"--{rare}", "7"])
+    assert getattr(args, rare) == 7
+
+
+def test_bench_help_keeps_its_own_options_beside_the_common_ones():
+    text = run_help("fastrl.bench", "--help")
+    listed = listed_options(text)
+    assert {"--mode", "--seconds", "--warmup", "--json", "--env", "--lr"} <= set(listed)
+    assert "--vtrace_lambda" not in listed
+    assert {"--mode", "--vtrace_lambda"} <= set(listed_options(run_help("fastrl.bench", "--help_all")))
