@@ -1,21 +1,11 @@
 """A GRU unrolled over a trajectory batch, with resets, and its backward by hand.
 
-The learner re-runs the policy's GRU over T+1 steps of B trajectories for the
-loss. Unrolled step by step under autograd, every step's hidden projection
-h_tm1 W_hh^T records its own weight gradient, so the backward adds T+1 products
-of K = B rows into W_hh's [3H, H] gradient one after another: doom_battle's 33
-steps x 32 rows took 23 ms a learner step for that sum where one product over
-all 1,056 rows takes 11 (Intel Xeon, one thread). Here the forward keeps what
-the backward needs, and the backward runs the recurrence for the gradients of
-the states and the gates alone, then takes W_hh's and b_hh's gradients in one
-product and one sum over every step. The forward multiplies by a contiguous
-copy of W_hh^T, made once: MKL repacks a transposed operand on every call, and
-33 small products cost 18.7 ms that way against 14.0 (same CPU).
-
-The arithmetic is `gru_step`'s (PyTorch's gate order, the same operations in the
-same order), so outputs match the step-by-step unroll to rounding of the GEMMs;
-tests/test_gru_sequence.py checks values and every gradient against autograd's
-own differentiation of that unroll.
+Under autograd each step's h_tm1 W_hh^T adds its own small weight-gradient product;
+here the backward runs the recurrence for the state and gate gradients alone, then
+takes W_hh's and b_hh's gradients in one product over all steps
+(benchmarks/gru_unroll.py). The arithmetic is `gru_step`'s, so outputs match the
+step-by-step unroll up to GEMM rounding; tests/test_gru_sequence.py checks every
+gradient against autograd.
 """
 from __future__ import annotations
 
@@ -28,16 +18,10 @@ import torch
 
 def gru_sequence(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch.Tensor,
                  b_hh: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Unroll a GRU over T steps of B rows.
-
-    gi [T, B, 3H]: the input projections x_t W_ih^T + b_ih of every step.
-    h0 [B, H]: the state before step 0.
-    keep [T, B, 1]: 0 where the state is zeroed before step t (an episode starts),
-        else 1; not differentiated.
-    w_hh [3H, H], b_hh [3H]: the hidden projection.
-    Returns (outputs [T, B, H], the state after each step; states [T, B, H], the
-    state carried into each step before its reset).
-    """
+    """Unroll a GRU over gi [T, B, 3H] (input projections x_t W_ih^T + b_ih) from h0
+    [B, H], zeroing the state where keep [T, B, 1] is 0 (an episode starts). Returns
+    (outputs [T, B, H], the state after each step; states [T, B, H], the state
+    carried into each step before its reset)."""
     steps, batch, three_h = gi.shape
     hidden = h0.shape[-1]
     if three_h != 3 * hidden or tuple(w_hh.shape) != (three_h, hidden) or tuple(b_hh.shape) != (three_h,):
@@ -51,25 +35,20 @@ def gru_sequence(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: t
     return _EagerGruSequence.apply(gi, h0, keep, w_hh, b_hh)
 
 
-# Under torch.compile the unroll is a custom op, which the compile calls whole: as
-# an autograd.Function inductor traced its loops into the graph and lowered the
-# contiguous W_hh^T copy away (the unroll and its backward 74 ms a doom_battle
-# batch, as an op 56). Eagerly it is an autograd.Function over the same two
-# functions: a custom op's first call imports torch._dynamo (1.4-1.7 s), which
-# the learner's first step would wait for. The ops' names carry a digest of this
-# file: inductor's on-disk cache knows a graph by the ops it calls, not by what
-# they return, and served a graph compiled against an earlier version's outputs
-# after they changed.
+# Under torch.compile the unroll is a custom op, called whole: traced as an
+# autograd.Function, inductor lowered the loops and the W_hh^T copy into something
+# slower. Eagerly it stays an autograd.Function, as a custom op's first call imports
+# torch._dynamo, which the learner's first step would wait for. The op names carry a
+# digest of this file, as inductor's on-disk cache knows ops by name only.
 _SOURCE_DIGEST = hashlib.sha1(pathlib.Path(__file__).read_bytes()).hexdigest()[:10]
 
 
 def _unroll(gi: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor, w_hh: torch.Tensor,
             b_hh: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(outputs, states, then what the backward needs: each step's reset state h_tm1,
-    its gates [r_t, z_t, h_n] (h_n the hidden half of n_t's pre-activation) and its
-    candidate n_t). Every step writes into the slices of these, not into tensors of
-    its own to stack at the end: a GRU step's ops are small, and the copies and
-    allocations were a fifth of the unroll's time."""
+    """(outputs, states, then for the backward: each step's reset state h_tm1, gates
+    [r_t, z_t, h_n] and candidate n_t). Steps write into slices of preallocated
+    tensors: with ops this small, per-step allocations and a final stack cost a lot.
+    W_hh^T is made contiguous once, as MKL would repack a transposed operand each call."""
     steps, batch, three_h = gi.shape
     hidden = three_h // 3
     w_t = w_hh.t().contiguous()
@@ -96,13 +75,12 @@ def _unroll_shapes(gi, h0, keep, w_hh, b_hh):
 def _unroll_backward(d_outputs: Optional[torch.Tensor], d_states: Optional[torch.Tensor], keep: torch.Tensor,
                      w_hh: torch.Tensor, masked: torch.Tensor, gates: torch.Tensor,
                      news: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(d gi, d h0, d w_hh, d b_hh) from the gradients of outputs and of states (None
-    where the caller's loss did not use them)."""
+    """(d gi, d h0, d w_hh, d b_hh) from the gradients of outputs and states (None
+    where the loss did not use them)."""
     steps, batch, three_h = gates.shape
     hidden = three_h // 3
     # d_gh: the gradient of each step's hidden projection [r, z, h_n]; the input
-    # projection's is the same but for its last third, d of n_t's pre-activation,
-    # kept apart and joined once at the end (a copy a step was 3 ms of the backward).
+    # projection's differs only in its last third, kept apart and joined once at the end.
     d_gh = torch.empty_like(gates)
     d_pre_n_all = torch.empty_like(news)
     d_h = masked.new_zeros(batch, hidden)  # what reaches h_t from the steps after t
@@ -139,8 +117,7 @@ class _EagerGruSequence(torch.autograd.Function):
     def forward(ctx, gi, h0, keep, w_hh, b_hh):
         outputs, states, *saved = _unroll(gi, h0, keep, w_hh, b_hh)
         ctx.save_for_backward(keep, w_hh, *saved)
-        # The gradients of outputs a loss did not use come as None, not as zeros made
-        # for them (the states often).
+        # Unused output gradients arrive as None rather than materialised zeros.
         ctx.set_materialize_grads(False)
         return outputs, states
 
