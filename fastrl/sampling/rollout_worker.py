@@ -1,12 +1,7 @@
-"""Rollout worker process: steps its envs and writes trajectories into shared
-memory. With `--inference local` it also runs the policy on its own envs;
-with `--inference policy_worker` it asks the policy workers for actions and
-steps its other env split while they compute (double buffering).
-
-In games of several learning agents (doom_duel) the splits of a step group, one
-per agent, step together: each is acted for first (by its own policy), then all
-send their actions, then all receive (fastrl/sampling/env_split.py). A group of
-one split is what every other env has."""
+"""Rollout worker process: steps its envs and writes trajectories into shared memory,
+acting itself (`--inference local`) or asking the policy workers and stepping its
+other env split meanwhile (double buffering). In games of several learning agents the
+splits of a step group, one per agent, step together."""
 from __future__ import annotations
 
 import queue
@@ -50,26 +45,18 @@ class RolloutWorker:
             "truncated": b.truncated.numpy(),
         }
         n = cfg.envs_per_split
-        # run_child seeded torch with this process's own seed (fastrl.plumbing.seeding); the envs
-        # take theirs from it, so a restarted worker or a resumed run meets new episodes.
+        # The envs' seeds derive from this process's (fastrl.plumbing.seeding), so a
+        # restarted worker or a resumed run meets new episodes.
         worker_seed = torch.initial_seed()
         seeds = [env_seed(worker_seed, i) for i in range(cfg.num_splits * n)]
-        # The engines are made as many at once as this worker's share of the cores
-        # (after pinning, when --pin_workers put it on one), which fills the cores and no
-        # more: while the workers that fill the first batch make theirs, the others wait
-        # (rollout_worker_main), so those few share the cores; the rest then share them
-        # with everyone. Measured with benchmarks/startup.py (doom_battle, warm cache):
-        # on an AMD EPYC's 2 cores, 1 worker x 32 envs 2 at once took 8.5 s to the first
-        # trained batch against 10.9 s one after another, and 2 x 32 with 8 at once each
-        # 23.1 s against 20.0 s (cold cache); on an Intel Xeon's 2 cores, 2 x 32 with
-        # both workers starting side by side 10.2 s, worker 0 first on both cores 7.7 s.
+        # Make engines as many at once as this worker's share of the cores: that fills
+        # the cores and no more. Workers outside the first batch wait (rollout_worker_main),
+        # so the first batch's workers share the cores meanwhile (benchmarks/startup.py).
         leading = first_batch_workers(cfg)
         threads = max(1, usable_cores() // (leading if index < leading else cfg.num_workers))
         agents = cfg.agents_per_game
         if agents > 1:
-            # A game's start is mostly its players' network handshake, waiting: 8 games
-            # of doom_duel started in 2.8 s 8 at a time, 7.2 s one after another (AMD
-            # EPYC, 2 cores).
+            # A game's start is mostly its players' network handshake, so start many at once.
             envs = make_match_agents(self.spec, env_options(cfg), seeds, agents, cfg.num_splits,
                                      on_env_made=self._env_made, threads=max(threads, MATCH_START_THREADS))
         else:
@@ -85,8 +72,7 @@ class RolloutWorker:
         self.t = [0] * cfg.num_splits  # step within it
         self._last_flush = time.time()
         self._handed_first = False  # whether this worker said it handed a trajectory over (ctx.first_handed)
-        # The count a predecessor in this slot left on the board: a restarted worker
-        # adds its envs' restarts to it instead of setting the total back to 0.
+        # A restarted worker adds to its predecessor's count rather than resetting it.
         self._env_restarts_before = self.row.get("env_restarts")
 
     def _env_made(self) -> None:
@@ -95,8 +81,8 @@ class RolloutWorker:
 
     # -- trajectory bookkeeping -----------------------------------------------------
     def _take_free_buffer(self) -> int | None:
-        """Block until the learner frees a buffer: this is where production is
-        throttled (never dropped) when the learner falls behind."""
+        """Block until the learner frees a buffer: production is throttled here, never
+        dropped, when the learner falls behind."""
         with self.timer("wait_s"):
             while not self.ctx.stop.is_set():
                 try:
@@ -106,18 +92,16 @@ class RolloutWorker:
         return None
 
     def _advance(self, s: int, rnn_state: torch.Tensor) -> bool:
-        """Move split s one step on; at the trajectory's end hand it to the learner
-        and continue in a fresh buffer. False when told to stop."""
+        """Move split s one step on; at a trajectory's end hand it to the learner and
+        continue in a fresh buffer. False when told to stop."""
         self.t[s] += 1
         if self.t[s] < self.T:
             return True
         b, old = self.ctx.buffers, self.buf[s]
-        # The next trajectory starts where this one ends, so its first row is row T
-        # of `old`. Copy that row out *before* handing `old` over: once it is on the
-        # queue the learner may gather and free it, and another split may take it and
-        # overwrite it, all while this worker still waits for a free buffer. (A copy
-        # rather than taking the next buffer first: holding two buffers would delay
-        # `old` reaching the learner by however long the wait for a free one is.)
+        # The next trajectory starts with row T of `old`: copy it out before handing
+        # `old` over, as the learner may free it and another split overwrite it while
+        # this worker waits for a buffer. (Taking the next buffer first would delay
+        # `old` by that wait.)
         with self.timer("comm_s"):
             carry_obs = {k: v[old, self.T].clone() for k, v in b.obs.items()}
             carry_start = b.episode_start[old, self.T].clone()
@@ -149,9 +133,8 @@ class RolloutWorker:
         self.row.add("env_frames", n * self.frameskip)
 
     def _publish_env_restarts(self) -> None:
-        # At once, before the env's replacement is made: published after the step,
-        # the count went with a worker killed while its new ViZDoom engine started
-        # (chaos.py's next fault on a worker comes as soon as that engine shows).
+        # Published at once, before the replacement env is made, so the count is not
+        # lost if the worker is killed while a new engine starts.
         self.row.set("env_restarts", self._env_restarts_before + sum(sp.restarts for sp in self.splits))
 
     def _flush_episodes(self, force: bool = False) -> None:
@@ -241,21 +224,17 @@ class RolloutWorker:
 
 
 def first_batch_workers(cfg) -> int:
-    """How many rollout workers, the lowest-numbered, fill the learner's first batch
-    with their first trajectories (one per split). The others make their envs only
-    once these handed a trajectory over: envs that start side by side share the
-    cores, and all of them would be ready at once, late, where the first batch needs
-    only some. Every worker where one worker's trajectories do not all go to one
-    learner: several policies, or games of several agents."""
+    """How many rollout workers, the lowest-numbered, fill the learner's first batch.
+    The others make their envs only after these handed a trajectory over, so the
+    first batch's envs get the cores. All workers with several policies or agents."""
     if cfg.num_policies > 1 or cfg.agents_per_game > 1:
         return cfg.num_workers
     return min(cfg.num_workers, -(-cfg.buffers_per_batch // cfg.num_splits))
 
 
 def wait_for_first_batch_workers(cfg, index: int, ctx: SharedContext) -> bool:
-    """Wait, beating, until each worker that fills the first batch has handed a
-    trajectory over (at once for those workers themselves, and for a worker restarted
-    later). False when the run stopped meanwhile."""
+    """Wait, beating, until the first batch's workers have each handed a trajectory
+    over (no wait for those workers themselves). False if the run stopped meanwhile."""
     leading = first_batch_workers(cfg)
     if index < leading:
         return True
@@ -270,7 +249,7 @@ def wait_for_first_batch_workers(cfg, index: int, ctx: SharedContext) -> bool:
 
 
 def rollout_worker_main(cfg, index: int, ctx: SharedContext) -> None:
-    # Before the envs are made: their engines inherit the policy, niceness and core.
+    # Before the envs are made, so their engines inherit the policy, niceness and core.
     use_batch_scheduling(cfg.worker_nice)
     if cfg.pin_workers:
         pin_to_core(index)
