@@ -1,10 +1,7 @@
-"""One env split inside a rollout worker: steps its envs with given actions,
-writes every transition straight into a trajectory buffer, handles episode
-ends (autoreset, truncation bootstrap obs, episode stats) and env failures.
-
-The agents of a multi-agent game (envs/doom/match.py) sit in several splits, one
-per agent, and step in two halves: `send` gives each its action, and `receive`
-waits for the results once every split of the game's step group has sent."""
+"""One env split inside a rollout worker: steps its envs, writes every transition
+straight into a trajectory buffer, and handles episode ends and env failures. The
+agents of a multi-agent game step in two halves: `send` gives each its action and
+`receive` waits once every split of the step group has sent."""
 from __future__ import annotations
 
 import math
@@ -23,11 +20,9 @@ class EnvFailedError(RuntimeError):
 
 def make_match_agents(spec, env_options: dict, seeds: list, agents: int, splits: int,
                       on_env_made=lambda: None, threads: int = 1) -> list:
-    """The envs of a worker whose games each hold `agents` learning agents, in the
-    order make_envs returns them: split-major, `len(seeds) // splits` per split.
-    Split s belongs to step group s // agents and holds agent s % agents of each of
-    that group's games; the game at position i of a group takes its first agent's
-    seed (its other agents' seeds still give their episodes' seeds)."""
+    """The envs of a worker whose games each hold `agents` learning agents, in
+    make_envs' split-major order: split s holds agent s % agents of each game of
+    step group s // agents, and a game takes its first agent's seed."""
     n = len(seeds) // splits
     games = [(g, i) for g in range(splits // agents) for i in range(n)]
     envs = [None] * len(seeds)
@@ -51,22 +46,18 @@ def make_match_agents(spec, env_options: dict, seeds: list, agents: int, splits:
 
 
 def make_envs(spec, env_options: dict, seeds: list, on_env_made=lambda: None, threads: int = 1) -> list:
-    """One env of `spec` per seed, in the seeds' order, calling on_env_made after each
-    (making many slow envs is progress, not a hang). If one fails, the others are
-    closed and its error raised.
+    """One env of `spec` per seed, in order, calling on_env_made after each (slow
+    envs' starts are progress, not a hang); on a failure the others are closed.
 
-    With threads > 1, where spec.parallel_make allows, all but the first are made
-    that many at a time: a ViZDoom engine's start costs about 0.1-0.2 core-seconds
-    in 0.25-0.4 s, so one process making its engines one after another keeps half
-    a core busy. The first is made alone, on the calling thread: it does what every
-    other would queue behind (writing and checking the engine launcher, starting the
-    reaper) and what only the main thread may do (installing the engines' signal
-    hooks)."""
+    With threads > 1 (where spec.parallel_make allows) all but the first are made
+    in parallel, as an engine's start is mostly waiting. The first is made alone on
+    the calling thread: it does the one-time setup the others would queue behind,
+    and what only the main thread may do (signal hooks)."""
     envs = []
 
     def make(seed):
         env = spec.make(seed=seed, **env_options)
-        envs.append(env)  # kept for closing on failure; the order is the futures'
+        envs.append(env)  # for closing on failure; the order is the futures'
         on_env_made()
         return env
 
@@ -78,9 +69,8 @@ def make_envs(spec, env_options: dict, seeds: list, on_env_made=lambda: None, th
 
 
 def _first_alone_then_together(make, keys: list, threads: int, name: str) -> list:
-    """[make(key) for key in keys], in the keys' order. With threads > 1 and three keys
-    or more, the first is made alone on the calling thread (make_envs says why) and
-    the rest `threads` at a time on threads called `name`."""
+    """[make(key) for key in keys]; with threads > 1, the first alone and the rest
+    `threads` at a time (make_envs says why)."""
     if threads < 2 or len(keys) < 3:
         return [make(key) for key in keys]
     first = make(keys[0])
@@ -98,30 +88,23 @@ def close_envs(envs: list) -> None:
             pass
 
 
-# At most this many random steps into an episode (--decorrelate_envs), whatever the
-# env's time limit. Past it, spreading further buys nothing a batch sees (a batch is
-# `rollout` steps of each env), and the start-up cost grows with it: at 1 ms a step,
-# 32 envs spread over [0, 1000) take ~16 s of a core before the first recorded step.
+# Cap on --decorrelate_envs' random steps into an episode: a batch sees no more spread
+# past it, and start-up cost grows with it.
 MAX_STEPS_INTO_EPISODE = 1000
 
 
 class SplitEnvs:
-    """The envs of one split and their per-episode bookkeeping.
-
-    The writes go through numpy views of the shared tensors: one row write
-    per env per step, where torch indexing would cost several microseconds each
-    and dominate cheap envs such as CartPole.
-    """
+    """The envs of one split and their per-episode bookkeeping. Writes go through
+    numpy views of the shared tensors, as torch indexing per row would dominate
+    cheap envs."""
 
     def __init__(self, spec, env_options: dict, seeds: list, envs: list, np_views: dict, action_spec,
                  max_consecutive_failures: int = 3, on_restart: Optional[Callable[[], None]] = None,
                  decorrelate: bool = False, on_progress: Callable[[], None] = lambda: None):
-        """`envs`: made by make_envs from `seeds`, one each; a failed env is made
-        again from its seed, spec and options. `on_restart` is called after every
-        restart is counted in `restarts` and before its replacement is made.
-        `decorrelate`: reset_all moves each time-limited env into its episode first
-        (--decorrelate_envs), calling `on_progress` after each env (slow envs' steps
-        are progress, not a hang)."""
+        """`envs`: made by make_envs from `seeds`; a failed env is remade from its
+        seed. `on_restart` is called once a restart is counted, before the replacement
+        is made. `decorrelate`: reset_all first moves each time-limited env a random
+        way into its episode, calling `on_progress` after each."""
         self._spec = spec
         self._options = env_options
         self._seeds = list(seeds)
@@ -141,15 +124,13 @@ class SplitEnvs:
         self._decorrelate = decorrelate
         self._on_progress = on_progress
         self._cut_in = [False] * self.n  # the episode began before recording did: not counted when it ends
-        # The agents of a multi-agent game step in two halves (send, receive).
         self._two_halves = bool(self.envs) and hasattr(self.envs[0], "step_send")
 
     def _make(self, i: int):
         return self._spec.make(seed=self._seeds[i], **self._options)
 
     def _next_seed(self, i: int) -> int:
-        # Every episode gets its own seed derived from the env's: reproducible, and
-        # unrelated to any other env's or episode's.
+        # Each episode's own seed, derived from the env's: reproducible and unrelated.
         self._resets[i] += 1
         return episode_seed(self._seeds[i], self._resets[i])
 
@@ -174,11 +155,9 @@ class SplitEnvs:
             self._v["episode_start"][buf, t, i] = True
 
     def _step_into_episode(self, i: int, obs):
-        """Random actions, unrecorded, for a random number of steps below the env's
-        time limit (none without one; at most MAX_STEPS_INTO_EPISODE), so that the
-        envs of fixed-length episodes do not all end theirs at the same step. The
-        episode this cuts into is left out of the episode statistics: its return
-        would be a part's."""
+        """Random unrecorded steps, fewer than the time limit, so that fixed-length
+        episodes do not all end at the same step. The episode cut into is left out of
+        the statistics, as its return is partial."""
         env = self.envs[i]
         limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
         if not limit:
@@ -216,8 +195,7 @@ class SplitEnvs:
                 f"its last error was:\n{tb}"
             )
         if self._two_halves:
-            # An agent cannot be made again alone: its game's engines all restart at
-            # its next reset, the other agents' with it.
+            # An agent cannot be remade alone: its game's engines restart at its next reset.
             self.envs[i].recover()
             return
         try:
@@ -227,9 +205,8 @@ class SplitEnvs:
         self.envs[i] = self._make(i)
 
     def _count_own_restart(self, info: dict) -> None:
-        """Count the restarts the env did itself: a ViZDoom env whose engine died
-        starts a new one and says how many in info["env_restarts"]
-        (envs/doom/doom_env.py), rather than raising."""
+        """Count the restarts an env did itself (ViZDoom reports a dead engine's
+        replacement in info["env_restarts"] instead of raising)."""
         for _ in range(int(info.get("env_restarts", 0))):
             self._count_restart()
 
@@ -239,8 +216,7 @@ class SplitEnvs:
             self._on_restart()
 
     def send(self, buf: int, t: int) -> None:
-        """The first half of a step: give agents of multi-agent games their actions
-        at [buf, t] (other envs take theirs in `receive`)."""
+        """First half of a step: multi-agent games' agents get their actions at [buf, t]."""
         if not self._two_halves:
             return
         actions = self._v["actions"][buf, t]
@@ -249,15 +225,12 @@ class SplitEnvs:
             self.envs[i].step_send(to_env(actions[i]))
 
     def receive(self, buf: int, t: int) -> None:
-        """The second half, and the whole step of every other env: step every env with
-        the actions at [buf, t] (or, for the agents of multi-agent games, wait for the
-        step `send` began); write rewards, episode ends and the next observations at
-        [buf, t+1]."""
+        """Second half, or the whole step of other envs: step with the actions at [buf, t]
+        and write rewards, episode ends and next observations at [buf, t+1]."""
         v = self._v
         actions = v["actions"][buf, t]
-        # Gathered in lists and written as rows after the loop: a numpy element write
-        # costs ~0.3 us, a numpy scalar's += ~1 us, and these are ~8 of them per env
-        # step.
+        # Gathered in lists and written as rows after the loop: per-element numpy writes
+        # are slow next to a cheap env's step.
         n = self.n
         rewards, terminated, truncated, starts = [0.0] * n, [False] * n, [False] * n, [False] * n
         to_env = self._action_spec.to_env
@@ -268,8 +241,8 @@ class SplitEnvs:
                     obs, r, term, trunc, info = self.envs[i].step_receive()
                 else:
                     obs, r, term, trunc, info = self.envs[i].step(to_env(actions[i]))
-                # Only a step clears the count: a reset that works after every failed
-                # step must not let an env that can never step run forever.
+                # Only a step clears the count, so an env that resets but never steps
+                # cannot loop forever.
                 self._failures[i] = 0
                 self._count_own_restart(info)
             except Exception:
