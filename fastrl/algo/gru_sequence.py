@@ -2,9 +2,9 @@
 
 Under autograd each step's h_tm1 W_hh^T adds its own small weight-gradient product;
 here the backward runs the recurrence for the state and gate gradients alone, then
-takes W_hh's and b_hh's gradients in one product over all steps
-(benchmarks/gru_unroll.py). The arithmetic is `gru_step`'s, so outputs match the
-step-by-step unroll up to GEMM rounding; tests/test_gru_sequence.py checks every
+takes W_hh's and b_hh's gradients in one product over all steps (gru_unroll in
+benchmarks/experiments/README.md). The arithmetic is `gru_step`'s, so outputs match
+the step-by-step unroll up to GEMM rounding; tests/test_gru_sequence.py checks every
 gradient against autograd.
 """
 from __future__ import annotations

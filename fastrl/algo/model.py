@@ -125,7 +125,7 @@ class RunningNorm(nn.Module):
         ranks, and about the mean the squares lose no precision."""
         x = x.reshape(-1, *self.mean.shape)
         # uint8 frames (at most IMAGE_NORM_ROWS) are summed in float32: accurate enough
-        # and faster (benchmarks/pixel_norm_layout.py).
+        # and faster (pixel_norm_layout in benchmarks/experiments/README.md).
         dtype = torch.float32 if x.dtype == torch.uint8 else torch.float64
         d = torch.sub(x, _laid_out_as(self.mean.to(dtype), x))
         d_sum = d.sum(dim=0).reshape(-1)

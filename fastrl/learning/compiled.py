@@ -1,5 +1,5 @@
 """The learner's ActorCritic.evaluate compiled with torch.compile where that is
-faster (benchmarks/compile_vs_eager.py). No run waits for the compile:
+faster (compile_vs_eager in benchmarks/experiments/README.md). No run waits for it:
 
 1. the learner trains eagerly; after its first step a separate process compiles a
    replica on a copy of that minibatch (same shapes and strides), filling inductor's
