@@ -1,41 +1,18 @@
 """A rollout worker's forward (ActorCritic.act, `--inference local`) compiled with
-torch.compile where that measures faster.
+torch.compile where that is faster: eager, much of an actor's forward is elementwise
+passes (activations, the pixel z-score, copies) that inductor fuses
+(compile_vs_eager in benchmarks/experiments/README.md).
 
-Eager, an actor's forward spends a third of its time outside the matrix products:
-doom_battle's at 32 samples on one thread of an Intel Xeon (family 6 model 207)
-took 261 us a sample, of which the convolutions' ELUs 38 (expm1, one pass each),
-the pixel z-score's subtract, multiply and clamp ~21 and copies ~16. Inductor
-fuses each of those into one pass over the activations: the compiled forward
-took 231 us against eager's 281 in the same interleaved rounds (0.82x), 9.9
-against 12.7 ms a forward inside a run; doom_battle at 2 x 32 (150-s runs,
-alternating with --compile_actors off, two rounds) trained 1,312 and 1,312
-samples/s against 1,267 and 1,271 (benchmarks/README.md, forty-first session).
+1. the worker acts eagerly for START_AFTER_S, so the first batches and the learner's
+   compile come first;
+2. it compiles on the inputs of that call, blocking for seconds with a thread
+   keeping its heartbeat;
+3. it times eager and compiled forwards in turn and keeps the faster (compiled only
+   below MAX_RATIO), or with `on` the compiled one.
 
-The cost is the compile, paid by the worker that acts, so:
-
-1. the worker acts eagerly for START_AFTER_S seconds: the run's first batches,
-   and the learner's own compile, come first;
-2. then it compiles its forward on the inputs of that call, which blocks it for
-   seconds (2-4 s on 2 cores with inductor's cache warm: the first compile in a
-   process sets up dynamo and inductor; ~11 s cold), with a thread keeping its
-   heartbeat;
-3. it times eager and compiled forwards in turn, TIMED_FORWARDS each, and keeps
-   the faster (compiled only below MAX_RATIO of eager's time), or with `on` the
-   compiled one, untimed.
-
-Unlike the learner's, this compile runs in the worker itself, not first in a
-process of its own: on cores that every process keeps busy a blocked worker's
-core goes to its compile, and a process of its own only added its start (~2 s of
-a core for the interpreter and torch) and a second trace of the forward: in a
-doom_battle run (2 x 32, inductor's cache warm) the two workers' compiles done
-that way held the run at 1,800-2,600 env frames/s for 20 s, against ~5,000;
-compiling in themselves (2.3 and 2.8 s each) they cost one 5-s status window.
-The learner compiles apart because a thread compiling beside its steps broke
-them (fastrl/learning/warm_compile.py); here nothing runs beside the compile.
-
-Any error (no C++ compiler, an op inductor cannot lower) leaves the forward eager
-and the report says why. A restarted worker starts from step 1 again, with the
-cache warm.
+Unlike the learner's, this compile runs in the worker itself: nothing runs beside it
+that it could disturb, and a separate process would only add its start-up and a
+second trace. Any error leaves the forward eager.
 """
 from __future__ import annotations
 
@@ -47,14 +24,10 @@ import torch
 
 from fastrl.plumbing.compiling import MAX_RATIO, auto_compiles, beating, short_error, use_inductor_cache
 
-# Seconds of acting before the compile starts (with `auto`; `on` starts at once).
-# doom_battle's first batch comes ~10 s after launch on 2 cores and the learner's
-# compile runs for ~15 s after it; the workers' compiles, started later, take
-# neither's cores.
+# Seconds of acting before the compile starts (`auto`; `on` starts at once): past the
+# first batch and the learner's compile, so as not to take their cores.
 START_AFTER_S = 30.0
-# Forwards timed each way, alternating, before `auto` decides: 50 doom_battle
-# forwards at 32 samples are ~0.5 s of a worker's time. In runs on 2 busy cores a
-# worker's compiled median came out 17-22% under its eager one.
+# Forwards timed each way, alternating, before `auto` decides.
 TIMED_FORWARDS = 25
 # The metrics message in which a rollout worker reports its choice to the runner.
 ACT_COMPILE_KEY = "actor_compile"
@@ -62,26 +35,20 @@ ACT_COMPILE_KEY = "actor_compile"
 
 def actors_compile(mode: str, images: bool, use_rnn: bool, device_type: str, inference: str,
                    acting_precision: str) -> bool:
-    """Whether a rollout worker in `mode` tries the compile at all. `auto`: local
-    inference on a CPU, for the models the learner compiles (an image encoder and a
-    GRU), acting in fp32. bf16 acting keeps weight copies that the forward refreshes
-    in Python when the weights move (ConvEncoder._bf16_layers), which the compiled
-    graph guards on: a weight reload recompiled it (1.85 s), and compiled it took
-    515 us a sample against eager's 409 on an Intel Xeon. Policy workers' batches
-    change size from one forward to the next, and a GPU's acting already runs as
-    CUDA graphs: `on` compiles only local CPU inference too."""
+    """Whether a rollout worker in `mode` tries the compile: local inference on a CPU
+    only (policy workers' batch sizes vary, GPUs use CUDA graphs), and for `auto` the
+    models the learner compiles, acting in fp32. bf16 acting refreshes its weight
+    copies in Python, which the compiled graph guards on, so it recompiled at every
+    weight reload."""
     if mode == "off" or inference != "local" or device_type != "cpu":
         return False
     return mode == "on" or (auto_compiles(images, use_rnn, device_type) and acting_precision == "fp32")
 
 
 class CompiledAct:
-    """Stands in for `model.act` (installed on the instance) and switches it between
-    eager and compiled as the module's docstring says.
-
-    beat: called every BEAT_EVERY_S (plumbing/compiling.py) while the worker's own
-    compile blocks it (the supervisor restarts a worker silent for
-    --worker_timeout_seconds). clock: the time source (tests drive it)."""
+    """Stands in for `model.act` and switches it between eager and compiled as the
+    module docstring says. beat: keeps the worker's heartbeat while its compile
+    blocks it; clock: the time source (tests drive it)."""
 
     def __init__(self, model: torch.nn.Module, mode: str, beat: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.perf_counter):
