@@ -49,245 +49,306 @@ def _section(title: str) -> None:
     _SECTION[0] = title
 
 
-def _opt(default, help: str, *, common: bool = False, **extra):
-    """A Config field and its command-line option. common: listed by `--help`, which
-    keeps to the options most runs touch; `--help_all` lists every one."""
-    return field(default=default, metadata={"help": help, "common": common, "section": _SECTION[0], **extra})
+def _opt(default, help: str, *, common: bool = False, why: str = "", **extra):
+    """A Config field and its command-line option. help: what it does, in 25 words at
+    most. common: listed by `--help`, which keeps to the options most runs touch;
+    `--help_all` lists every one. why: the reason behind the default or the design,
+    in a sentence or two, for docs/options.md only."""
+    return field(default=default, metadata={"help": help, "common": common, "why": why, "section": _SECTION[0],
+                                            **extra})
 
 
 @dataclass
 class Config:
     _section("what to train and where it goes")
-    env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...) or any gymnasium id (CartPole-v1). "
-                        "doom_* and atari_* envs, and envs with continuous actions, change the defaults of options "
-                        "you do not set (fastrl/presets.py).", common=True)
-    experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.", common=True)
+    env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...), a gymnasium id (CartPole-v1) or "
+                        "module:Id. Doom, Atari and continuous-action envs bring their own defaults.", common=True,
+                    why="Such a family replaces the defaults of the options you do not set (fastrl/presets.py); an "
+                        "option you give always wins. docs/envs.md lists the names and what each brings.")
+    experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.",
+                           common=True)
     train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).", common=True)
-    restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).", common=True)
-    seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling (fastrl/plumbing/seeding.py).", common=True)
-    device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.", choices=("auto", "cpu", "cuda"), common=True)
+    restart: bool = _opt(False, "Start from scratch even if the experiment folder holds checkpoints (they are deleted).",
+                         common=True)
+    seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling "
+                        "(fastrl/plumbing/seeding.py).", common=True)
+    device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.",
+                       choices=("auto", "cpu", "cuda"), common=True)
 
     _section("when to stop")
-    train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.", common=True)
-    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time since the command started; 0 = no limit.", common=True)
-    stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.", common=True)
+    train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.",
+                                     common=True)
+    train_for_seconds: float = _opt(0.0, "Stop after this many seconds of wall time since the command started; "
+                                         "0 = no limit.", common=True)
+    stop_at_reward: Optional[float] = _opt(None, "Stop once the mean return of the last 100 episodes is at least this.",
+                                           common=True)
 
     _section("processes")
-    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs (per rank under torchrun).", common=True)
-    num_envs_per_worker: int = _opt(32, "Envs per rollout worker; with policy workers they are split in two halves that alternate (double buffering); "
-                                    "with several policies, in one group per policy.", common=True)
+    num_workers: int = _opt(1, "Rollout worker processes, each stepping its own envs (per rank under torchrun).",
+                            common=True)
+    num_envs_per_worker: int = _opt(32, "Envs per rollout worker. With policy workers they form two halves that "
+                                        "alternate; with several policies, one group per policy.", common=True)
     inference: str = _opt(
         "local",
-        "Where actions are computed: 'local' runs the model inside each rollout worker on its own envs (no round trip, best on few CPU cores); "
-        "'policy_worker' sends observations to separate batched policy-worker processes (best with a GPU or many workers).",
+        "Where actions are computed: 'local', in each rollout worker for its own envs, or 'policy_worker', in separate "
+        "processes that batch every worker's observations.",
         choices=("local", "policy_worker"),
+        why="Local inference has no round trip between processes, which suits a machine with few CPU cores; policy "
+            "workers batch many workers' observations into one forward, which pays with a GPU or many workers.",
     )
     num_policy_workers: int = _opt(1, "Policy-worker processes (only with --inference policy_worker).")
-    torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal time from other processes.")
-    learner_threads: int = _opt(0, "Torch threads for the learner (0 = --torch_threads); worth more than one when the learner is the bottleneck and a core would otherwise idle.")
-    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = enough for every split plus one learner batch per policy and one more; "
-                            "with --max_batches_ahead, what that bound needs). Fewer buffers throttle sampling and lower the policy lag.")
-    max_batches_ahead: int = _opt(-1, "How many batches sampling may run ahead of training: a trajectory's buffer stays taken "
-                                  "until its batch is trained, and the pool holds (this + 1) batches per policy. -1 = no bound "
-                                  "(the learner frees a batch's buffers as soon as it has copied them; asynchronous APPO, the "
-                                  "policy lag 1-2 batches when the learner is the slower side); 0 = sample a batch, train on it, "
-                                  "then sample the next with the new weights (on-policy, as PPO in SB3 or CleanRL: lag 0, "
-                                  "sampling and learning take turns); 1 = sample the next batch while this one trains (lag at most 1). "
-                                  "Exact with --inference local and one policy; with policy workers each worker's second env half "
-                                  "keeps a buffer of its own, which may add up to 1 + workers / (buffers per batch) "
-                                  "batches of lag.")
-    plan: str = _opt("auto", "Process layout: 'auto' picks workers, envs, inference and learner threads from a "
-                     "profile of this machine and earlier runs; 'fresh' forgets those first; 'off' or a plan.json.", common=True)
-    worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes. With more busy processes than cores, "
-                            "Linux shares the CPU by weight, and a higher value shifts it from the actors to the learner; "
-                            "--plan auto sets it so the learner gets the share its cost needs.")
-    pin_workers: bool = _opt(False, "Run rollout worker i and its envs' processes (ViZDoom's engines) on core i (round-robin over the "
-                             "cores this process may use), so that each env step's hand-off between worker and engine stays on one core "
-                             "instead of waking another. Off by default: on a 2-core VM it made Doom sampling 6-21% faster but training "
-                             "no faster, as the learner then bounds it (benchmarks/README.md).")
-    adapt: bool = _opt(False, "While training, move a torch thread to or from the learner when rollout workers or the learner "
-                       "wait; off by default: measured on a loaded 2-core machine, a second learner thread cut training ~10x.")
-    inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first before running the batch.")
+    torch_threads: int = _opt(1, "Torch threads in every process; on a machine with few cores more threads only steal "
+                                 "time from other processes.")
+    learner_threads: int = _opt(0, "Torch threads for the learner (0 = --torch_threads); worth more than one when the "
+                                   "learner is the bottleneck and a core would otherwise idle.")
+    num_buffers: int = _opt(0, "Trajectory buffers in shared memory (0 = one per env split, a batch per policy and "
+                               "one more batch). Fewer throttle sampling and policy lag.",
+                            why="With --max_batches_ahead set, 0 means the pool that bound needs. A pool too small "
+                                "ever to fill a batch is refused before the run starts.")
+    max_batches_ahead: int = _opt(
+        -1, "Batches sampling may run ahead of training: -1 = no bound (asynchronous APPO); 0 = on-policy, sampling "
+            "and learning take turns; 1 = one ahead.",
+        why="0 is how PPO runs in SB3 or CleanRL (policy lag 0), and -1 frees a batch's buffers once the learner has "
+            "copied them (lag 1-2 batches when the learner is the slower side). The bound is exact with --inference "
+            "local and one policy; each policy worker's second env half keeps a buffer of its own, which may add up "
+            "to 1 + workers / (buffers per batch) batches of lag.")
+    plan: str = _opt("auto", "Process layout: 'auto' picks workers, envs, inference and threads by profiling this "
+                             "machine and earlier runs; 'fresh' forgets those first; 'off'; or a plan.json.", common=True,
+                     why="Options you set yourself are kept, and the plan is printed and saved with the run "
+                         "(docs/how-it-works.md; benchmarks/plan_stability.py checks that it chooses alike each time).")
+    worker_nice: int = _opt(0, "Niceness (0-19) of rollout workers and their envs' processes: higher shifts CPU from "
+                               "the actors to the learner. --plan auto sets it.",
+                            why="With more busy processes than cores, Linux shares the CPU by weight; the planner "
+                                "picks the niceness that gives the learner the share its cost needs.")
+    pin_workers: bool = _opt(False, "Run rollout worker i and its envs' processes on core i (round-robin), keeping "
+                                    "each env step's hand-off between worker and engine on one core.",
+                             why="The cores are those this process may use. Off by default: on a 2-core machine it made Doom sampling faster but training no "
+                                 "faster, as the learner bounds training there (benchmarks/train_throughput.py with "
+                                 "--pin_workers true and false).")
+    adapt: bool = _opt(False, "While training, move a torch thread to or from the learner when rollout workers or the "
+                              "learner wait.",
+                       why="Off by default: on a loaded 2-core machine, a second learner thread cut training about "
+                           "tenfold.")
+    inference_batch_wait_ms: float = _opt(0.0, "Policy worker: how long to wait for more requests after the first "
+                                               "before running the batch.")
 
     _section("several policies")
-    num_policies: int = _opt(1, "Policies trained at once, each with its own learner process, weights, optimiser and "
-                             "checkpoints (<experiment>/checkpoints/policy_<k>), sharing the rollout and policy workers: "
-                             "every worker splits its envs into one group per policy, so each policy acts in an equal "
-                             "share of them. Every learner is a busy process: on a machine with few cores, each policy "
-                             "trains at a fraction of one policy's rate (the plan line says how many fit).")
-    with_pbt: bool = _opt(False, "Population-based training over the --num_policies policies (2 or more): every "
-                          "--pbt_period_env_steps, each policy in the bottom --pbt_replace_fraction by the true objective "
-                          "(the mean of its last 100 episodes) takes the weights and hyperparameters of one in the top "
-                          "fraction, then perturbs lr, entropy_coef, gamma and reward_scale within bounds. Every change is "
-                          "logged to <experiment>/pbt.jsonl and TensorBoard and replayed on resume.")
+    num_policies: int = _opt(1, "Policies trained at once, each with its own learner process, weights and checkpoints; "
+                                "every rollout worker gives each policy an equal share of its envs.",
+                             why="Each policy's checkpoints go to <experiment>/checkpoints/policy_<k>. Every learner "
+                                 "is a busy process, so on a machine with few cores each policy trains at a fraction "
+                                 "of one policy's rate; the plan line says how many fit (docs/several-policies.md, "
+                                 "benchmarks/several_policies.py).")
+    with_pbt: bool = _opt(False, "Population-based training of the --num_policies policies: every "
+                                 "--pbt_period_env_steps, the worst take the best ones' weights and hyperparameters, "
+                                 "then perturb them.",
+                          why="Policies are ranked by the mean return of their last 100 episodes, and lr, "
+                              "entropy_coef, gamma and reward_scale are perturbed within bounds. Every change is "
+                              "logged to <experiment>/pbt.jsonl and TensorBoard and replayed on resume "
+                              "(benchmarks/several_policies.py).")
     pbt_period_env_steps: int = _opt(1_000_000, "Agent steps of each policy between two PBT rounds.")
     pbt_replace_fraction: float = _opt(0.3, "PBT: the fraction of policies replaced each round (at least one), and the "
-                                       "fraction the replacements' sources are drawn from.")
-    pbt_perturb_factor: float = _opt(1.2, "PBT: each perturbed hyperparameter is multiplied or divided by this (gamma: "
-                                     "its horizon 1 / (1 - gamma)), then kept within its bounds (fastrl/learning/pbt.py).")
+                                            "fraction the replacements' sources are drawn from.")
+    pbt_perturb_factor: float = _opt(1.2, "PBT: multiply or divide each perturbed hyperparameter by this (gamma: its "
+                                          "horizon 1 / (1 - gamma)), within its bounds (fastrl/learning/pbt.py).")
 
     _section("algorithm (APPO)")
     rollout: int = _opt(32, "Steps per trajectory (T); V-trace runs over each trajectory.", common=True)
-    batch_size: int = _opt(1024, "Samples (env steps) per learner batch; a multiple of rollout x envs per split. Per rank under "
-                           "torchrun: each gradient step then averages over ranks x this many samples.", common=True)
+    batch_size: int = _opt(1024, "Samples (env steps) per learner batch, per rank under torchrun; a multiple of "
+                                 "rollout x envs per split.", common=True,
+                           why="Under torchrun each gradient step averages over ranks x this many samples.")
     ppo_epochs: int = _opt(2, "Passes over each batch.")
-    num_minibatches: int = _opt(4, "Gradient steps per pass; the batch is split evenly among them (see --minibatch_split).")
+    num_minibatches: int = _opt(4, "Gradient steps per pass; the batch is split evenly among them (see "
+                                   "--minibatch_split).")
     minibatch_split: str = _opt(
         "trajectories",
-        "How a pass splits the batch into --num_minibatches, for a model without a GRU: 'samples' deals out single "
-        "steps of every trajectory at random (as SB3 and CleanRL do: each minibatch sees many envs and moments), with "
-        "V-trace's targets computed over whole trajectories once per batch, before its first step; 'trajectories' deals out whole trajectories "
-        "(consecutive steps of a few envs), the targets recomputed by each minibatch's step. A GRU model always takes "
-        "trajectories: its state needs the steps before.",
+        "How a pass splits the batch: 'samples' deals out single steps at random, 'trajectories' whole "
+        "trajectories. Models with a GRU always take trajectories.",
         choices=("samples", "trajectories"),
+        why="'samples' is what SB3 and CleanRL do, so each minibatch sees many envs and moments, with V-trace's "
+            "targets computed over whole trajectories once per batch; 'trajectories' takes consecutive steps of a few "
+            "envs and recomputes the targets at each minibatch. A GRU's state needs the steps before.",
     )
-    lr: float = _opt(2e-3, "Adam learning rate; 1e-3 (with --target_kl 0.01) when the env's actions are continuous (a Box), unless its "
-                          "name's presets set one (fastrl/presets.py). 2e-3, not 1e-3: CartPole-v1 and LunarLander-v3 "
-                          "reach their targets sooner (benchmarks/README.md, twentieth session).", common=True)
+    lr: float = _opt(2e-3, "Adam learning rate; 1e-3 (with --target_kl 0.01) for continuous actions, unless the env's "
+                           "presets set one (fastrl/presets.py).", common=True,
+                     why="2e-3 rather than 1e-3 because CartPole-v1 and LunarLander-v3 reach their target returns "
+                         "sooner with it (benchmarks/cartpole_time_to_score.py, benchmarks/learning_suite.py).")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")
     gamma: float = _opt(0.99, "Discount factor.", common=True)
-    reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); "
-                               "with --normalize_returns false it is what keeps the value targets near 1.")
-    reward_clip: float = _opt(0.0, "Clip each (scaled) reward to [-this, this] before learning (0 = off); 1 turns an "
-                              "Atari game's scores into their signs, as DQN and SB3's Atari wrapper do. Returns are "
-                              "reported unclipped.")
-    rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy advantages.")
+    reward_scale: float = _opt(1.0, "Multiply rewards by this before learning (returns are reported unscaled); with "
+                                    "--normalize_returns false it keeps the value targets near 1.")
+    reward_clip: float = _opt(0.0, "Clip each scaled reward to [-this, this] before learning (0 = off); 1 keeps an "
+                                   "Atari score's sign, as DQN does. Returns are reported unclipped.")
+    rho_bar: float = _opt(1.0, "V-trace truncation of the importance weight for the value targets and policy "
+                               "advantages.")
     c_bar: float = _opt(1.0, "V-trace truncation of the trace-cutting coefficients.")
     clip_ratio: float = _opt(0.2, "PPO clip range of the policy ratio.")
     value_coef: float = _opt(0.5, "Weight of the value loss.")
-    value_clip: float = _opt(0.0, "PPO value clipping: the value loss also takes the error of the prediction clipped to within "
-                             "this distance of the acting policy's value, and keeps the larger (0 = off). In normalised units "
-                             "with --normalize_returns.")
+    value_clip: float = _opt(0.0, "PPO value clipping: the loss also takes the prediction clipped to within this of "
+                                  "the acting policy's value, keeping the larger error (0 = off).",
+                             why="In normalised units with --normalize_returns.")
     entropy_coef: float = _opt(0.003, "Weight of the entropy bonus.")
     max_grad_norm: float = _opt(4.0, "Clip the gradient's global norm to this (0 = no clipping).")
-    target_kl: float = _opt(0.0, "End a batch's passes early once a minibatch's approximate KL from the policy at the batch's "
-                            "start exceeds this; that minibatch takes no step (0 = every pass runs; 0.01 when the env's actions "
-                            "are continuous, fastrl/presets.py). Costs one forward of the batch without gradients when a "
-                            "batch takes more than one step.")
+    target_kl: float = _opt(0.0, "End a batch's passes once a minibatch's approximate KL from the policy at the "
+                                 "batch's start exceeds this (0 = off; 0.01 for continuous actions).",
+                            why="The minibatch past the bound takes no step. It costs one forward of the batch without "
+                                "gradients when a batch takes more than one step; it steadied Pendulum-v1 at a "
+                                "larger step size (benchmarks/learning_suite.py).")
     normalize_advantages: bool = _opt(True, "Normalise advantages over each minibatch.")
-    max_policy_lag: int = _opt(25, "Drop samples produced by a policy more than this many learner steps old; V-trace corrects the rest. "
-                               "A learner step is one batch trained, and one policy version: ppo_epochs x num_minibatches "
-                               "optimiser steps (as Sample Factory counts its policy versions).")
-    vtrace_lambda: float = _opt(1.0, "V-trace's lambda: scales every trace coefficient, trading the targets' variance for bias "
-                                "as GAE's lambda does (on-policy, V-trace with lambda is GAE(lambda)); 1 = the paper's V-trace. "
-                                "0.95 for envs with vector observations and on Doom, unless you set it (fastrl/presets.py).")
-    bootstrap_time_limits: bool = _opt(True, "At an episode cut by a time limit (truncated), add the discounted value of its "
-                                       "last observation to the return, as if it went on. False treats the cut as the "
-                                       "episode's end, as Sample Factory does by default (its value_bootstrap off): right "
-                                       "where the limit is part of the task (a Doom scenario's timeout ends the game).")
-    normalize_returns: bool = _opt(True, "Keep running statistics of the value targets and train the value head on their "
-                                   "z-scores, so the value loss's scale does not depend on the env's reward scale. On by default: "
-                                   "a GRU core shared by the policy and the value saturates when asked for raw returns far from 1, "
-                                   "and then stops carrying what the frame shows (tests/test_learns_to_see.py).")
-    exploration_loss: str = _opt("entropy", "Exploration term weighted by --entropy_coef: 'entropy' (a bonus whose pull fades as the "
-                                 "policy turns deterministic) or 'symmetric_kl' (a penalty on KL(p||uniform) + KL(uniform||p), "
-                                 "which keeps pulling; discrete actions only).", choices=("entropy", "symmetric_kl"))
+    max_policy_lag: int = _opt(25, "Drop samples from a policy more than this many learner steps (batches trained) "
+                                   "old; V-trace corrects the rest.",
+                               why="A learner step is one policy version, ppo_epochs x num_minibatches optimiser "
+                                   "steps, as Sample Factory counts its policy versions.")
+    vtrace_lambda: float = _opt(1.0, "V-trace's lambda, trading the targets' variance for bias as GAE's does; 1 = the "
+                                     "paper's V-trace, 0.95 for vector observations and Doom (fastrl/presets.py).",
+                                why="It scales every trace coefficient; on-policy, V-trace with lambda is GAE(lambda) "
+                                    "(benchmarks/learning_suite.py).")
+    bootstrap_time_limits: bool = _opt(True, "At an episode cut by a time limit, add the discounted value of its last "
+                                             "observation to the return, as if it went on.",
+                                       why="False treats the cut as the episode's end, as Sample Factory does by "
+                                           "default: right where the limit is part of the task (a Doom scenario's "
+                                           "timeout ends the game).")
+    normalize_returns: bool = _opt(True, "Train the value head on z-scores of the value targets (running statistics), "
+                                         "so the value loss's scale does not depend on the rewards'.",
+                                   why="On by default because a GRU core shared by the policy and the value saturates "
+                                       "when asked for raw returns far from 1, and then stops carrying what the frame "
+                                       "shows (tests/test_learns_to_see.py).")
+    exploration_loss: str = _opt("entropy", "Exploration term weighted by --entropy_coef: 'entropy', a bonus, or "
+                                            "'symmetric_kl', a penalty on the KL to and from uniform (discrete "
+                                            "actions only).", choices=("entropy", "symmetric_kl"),
+                                 why="An entropy bonus's pull fades as the policy turns deterministic; KL(p||uniform) "
+                                     "+ KL(uniform||p) keeps pulling, which the Doom presets use (fastrl/presets.py).")
     lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant', or 'linear', which decays --lr to 0 at "
-                            "--train_for_env_frames (needs that budget).", choices=("constant", "linear"))
+                                        "--train_for_env_frames (needs that budget).", choices=("constant", "linear"))
 
     _section("model")
     hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
     activation: str = _opt("tanh", "MLP activation.", choices=("tanh", "relu", "elu"))
     encoder_init_gain: float = _opt(math.sqrt(2.0), "Orthogonal-init gain of the encoders' conv and linear layers "
-                                    "(Sample Factory uses 1).")
-    policy_init_gain: float = _opt(0.01, "Orthogonal-init gain of the policy head: small starts the policy near uniform "
-                                   "(Sample Factory uses 1; on doom_defend_the_center, 1 for both gains with Sample "
-                                   "Factory's loss settings got past the turn-and-fire plateau: benchmarks/README.md).")
+                                                    "(Sample Factory uses 1).")
+    policy_init_gain: float = _opt(0.01, "Orthogonal-init gain of the policy head: small starts the policy near "
+                                         "uniform (Sample Factory uses 1).",
+                                   why="On doom_defend_the_center, a policy head at gain 1 together with Sample "
+                                       "Factory's loss settings got past the turn-and-fire plateau, where neither alone "
+                                       "did, so the Doom presets set it (fastrl/presets.py, "
+                                       "benchmarks/learning_suite.py).")
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.", common=True)
     conv_stack: str = _opt("fastrl", "Image encoders' conv layers: fastrl (32k8s4, 64k4s2, 128k3s2: coarse and cheap) "
-                           "or nature (the DQN paper's 32k8s4, 64k4s2, 64k3s1: finer cells).",
+                                     "or nature (the DQN paper's 32k8s4, 64k4s2, 64k3s1: finer cells).",
                            choices=("fastrl", "nature"))
     conv_activation: str = _opt("elu", "Activation after each of the image encoders' layers: elu (Sample Factory's) "
-                                "or relu (the DQN paper's, SB3's and CleanRL's).", choices=("elu", "relu"))
+                                       "or relu (the DQN paper's, SB3's and CleanRL's).", choices=("elu", "relu"))
     rnn_size: int = _opt(512, "GRU hidden size.")
-    normalize_obs: bool = _opt(False, "Running mean/std normalisation inside the model of vector observations and of each "
-                                "image pixel (on by default on Doom: fastrl/presets.py).")
-    precision: str = _opt("auto", "Arithmetic of image encoders: fp32; bf16 (bfloat16 convs and FC, float32 weights, GRU, "
-                          "heads and loss); auto = on a CPU that computes bfloat16 natively (AVX512-BF16 or AMX), time both "
-                          "and take the faster, for the actors and for the learner apart (a few CPU seconds on a machine's first "
-                          "run of a model, then cached under ~/.cache/fastrl unless a busy machine cut it short), else fp32; "
-                          "fp32 on CUDA, where bf16 is not measured yet. A saved auto is decided again on the machine that resumes or plays it.",
-                          choices=("auto", "fp32", "bf16"))
-    compile_learner: str = _opt("auto", "torch.compile the learner's re-run of the policy (the loss's forward and backward): "
-                                "auto = on a CPU, for image models with a GRU, compile it in the background while training "
-                                "eagerly, time real steps both ways and keep the faster (doom_battle's step: 0.78x "
-                                "eager's time in bf16; benchmarks/README.md); on a GPU the 35-s compile stalls the "
-                                "learner and eager already outpaces 16 cores, so auto stays eager there; on = use it "
-                                "once compiled (about half eager's step on an H200); off = never.",
-                                choices=("auto", "on", "off"))
-    compile_actors: str = _opt("auto", "torch.compile each rollout worker's forward with --inference local on a CPU: "
-                               "auto = for the models the learner compiles, acting in fp32, each worker acts eagerly for "
-                               "30 s, then compiles (a pause of seconds), times forwards both ways and keeps the faster "
-                               "(doom_battle's forward: 0.78-0.83x eager's time in runs on an Intel Xeon, "
-                               "fastrl/sampling/compiled_act.py); on = compile at the first forward and keep it; off = never. "
-                               "Policy workers and GPU inference never compile.",
-                               choices=("auto", "on", "off"))
-    learner_allocator: str = _opt("caching", "Where a CPU learner's large tensors (1 MB or more) come from: 'caching' keeps their "
-                                  "blocks when freed and hands them to the next step (fastrl/plumbing/caching_allocator.py, "
-                                  "built with the machine's C++ compiler at first use), which spares the kernel zeroing fresh "
-                                  "pages every step: doom_battle's step 0.74x of 'system''s time eager and 0.85x compiled "
-                                  "(bf16, benchmarks/README.md), its memory steady at its peak instead of swinging by hundreds "
-                                  "of MB; 'system' = torch's own allocator.", choices=("caching", "system"))
-    separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the policy's; "
-                                 "costs a second encoder pass, so image models may prefer false.")
+    normalize_obs: bool = _opt(False, "Running mean/std normalisation inside the model of vector observations and of "
+                                      "each image pixel (on by default on Doom: fastrl/presets.py).")
+    precision: str = _opt("auto", "Arithmetic of image encoders: fp32, bf16 (bfloat16 convs and FC layers, the rest "
+                                  "float32), or auto = whichever this machine's CPU or GPU runs faster.",
+                          choices=("auto", "fp32", "bf16"),
+                          why="bf16 halves the bytes a convolution moves, but only the hardware's kernels decide "
+                              "whether it is faster, so auto times both for the actors and the learner apart and "
+                              "caches the answer under ~/.cache/fastrl; a CPU without native bf16 gets fp32 unmeasured. "
+                              "A saved auto is decided again where a run resumes or plays "
+                              "(benchmarks/precision_parity.py).")
+    compile_learner: str = _opt("auto", "torch.compile the learner's forward and backward: auto = on a CPU, for image "
+                                        "models with a GRU, if timed faster than eager; on; off.",
+                                choices=("auto", "on", "off"),
+                                why="On a CPU the compile runs in the background while the learner trains eagerly; "
+                                    "real steps are then timed both ways and the faster kept. On a GPU the compile "
+                                    "stalls the learner for about 35 s and eager steps already outpace the CPU side, "
+                                    "so auto stays eager there "
+                                    "(benchmarks/train_throughput.py with --compile_learner auto and off).")
+    compile_actors: str = _opt("auto", "torch.compile each local rollout worker's forward on a CPU: auto = for models "
+                                       "the learner compiles, acting in fp32, if timed faster; on; off.",
+                               choices=("auto", "on", "off"),
+                               why="A worker acts eagerly for 30 s, then compiles in place and times forwards both "
+                                   "ways. Policy workers and GPU inference never compile: their batch sizes change, "
+                                   "and a GPU already acts through CUDA graphs (fastrl/sampling/compiled_act.py, "
+                                   "benchmarks/train_throughput.py).")
+    learner_allocator: str = _opt("caching", "Where a CPU learner's tensors of 1 MB or more come from: 'caching' keeps "
+                                             "freed blocks for the next step; 'system' = torch's own allocator.",
+                                  choices=("caching", "system"),
+                                  why="Reused blocks spare the kernel zeroing fresh pages every step, which made "
+                                      "doom_battle's training faster and its memory flat at its peak. The allocator "
+                                      "(fastrl/plumbing/caching_allocator.py) is built with the machine's C++ compiler "
+                                      "at first use (benchmarks/train_throughput.py).")
+    separate_critic: bool = _opt(True, "Give the value function its own encoder (no GRU) instead of sharing the "
+                                       "policy's; costs a second encoder pass, so image models may prefer false.")
 
     _section("env options")
-    doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with fastrl's wrappers.")
+    doom_scenario: str = _opt("", "Path to your own ViZDoom .cfg (with --env doom_custom or any doom_* env), run with "
+                                  "fastrl's wrappers.")
     doom_measurements: bool = _opt(False, "Doom: add health, ammo, armor, kills and weapon as a second observation.")
-    doom_hud: bool = _opt(False, "Doom: render the status bar (health, ammo, armor, weapons) at the bottom of the frame, "
-                          "as Sample Factory's Doom scenarios do; the 3D view above it gets smaller.")
+    doom_hud: bool = _opt(False, "Doom: render the status bar (health, ammo, armor, weapons) below a smaller 3D view, "
+                                 "as Sample Factory's Doom scenarios do.")
     doom_engine_recycle_episodes: int = _opt(
         DOOM_ENGINE_RECYCLE_EPISODES,
-        "Doom: replace each ViZDoom engine process with a fresh one after this many episodes on it, so memory "
-        "stays flat over runs of days (an engine's grows ~2 MB per million frames); 0 = never. A replacement "
-        "takes ~0.13 s, so the default costs at most 1% of the engine's own stepping time, on doom_basic's "
-        "shortest episodes (benchmarks/doom_engine_memory.py).")
-    doom_agents: int = _opt(0, "Doom deathmatch scenarios (doom_duel, doom_deathmatch): learning agents in each game, each "
-                            "a player of one network game on 127.0.0.1 (the first hosts it); agent a of a game acts in "
-                            "env split a of its group, so with --num_policies 2 or more agents of different policies play "
-                            "each other. Counts as that many envs of --num_envs_per_worker. 0 = the scenario's own "
-                            "(2 in doom_duel, 1 in doom_deathmatch).")
-    decorrelate_envs: bool = _opt(True, "Before its first recorded step, each env with a time limit (gymnasium's "
-                                  "max_episode_steps) takes a random number of random actions below that limit, so that "
-                                  "envs whose episodes always run to the limit (Pendulum's 200 steps, a MuJoCo task's 1000 "
-                                  "once it stops falling) do not reset in lockstep, every batch holding one phase of their "
-                                  "episodes; those cut-into first episodes are left out of the return statistics. Envs "
-                                  "without a limit (Doom, Atari) start as they are.")
-    atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame (Machado et al. 2018).")
-    atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); full-game scores are the true objective.")
+        "Doom: replace each ViZDoom engine process with a fresh one after this many episodes on it, keeping memory "
+        "flat over long runs; 0 = never.",
+        why="An engine's memory grows about 2 MB per million frames and a replacement takes about 0.13 s, so the "
+            "default costs at most 1% of the engine's stepping time, on doom_basic's shortest episodes "
+            "(benchmarks/experiments/doom_engine_memory.py).")
+    doom_agents: int = _opt(0, "Doom deathmatch (doom_duel, doom_deathmatch): learning agents in each game, each "
+                               "counting as one env of --num_envs_per_worker; 0 = the scenario's own.",
+                            why="Each agent is a player of one network game on 127.0.0.1, the first hosting it. "
+                                "Agent a of a game acts in env split a of its group, so with --num_policies 2 or more "
+                                "agents of different policies play each other (docs/several-policies.md). The "
+                                "scenario's own count is 2 in doom_duel and 1 in doom_deathmatch.")
+    decorrelate_envs: bool = _opt(True, "Before its first recorded step, each env with a time limit takes a random "
+                                        "number of random actions, so envs do not reset in lockstep.",
+                                  why="Envs whose episodes always run to the limit (Pendulum's 200 steps, a MuJoCo "
+                                      "task's 1000 once it stops falling) would otherwise fill every batch with one "
+                                      "phase of their episodes. Those cut-into first episodes are left out of the "
+                                      "return statistics; envs without a limit (Doom, Atari) start as they are.")
+    atari_sticky_actions: bool = _opt(False, "Atari: repeat the previous action with probability 0.25 per frame "
+                                             "(Machado et al. 2018).")
+    atari_episodic_life: bool = _opt(True, "Atari: a lost life ends the learner's episode (the game goes on); "
+                                           "full-game scores are the true objective.")
 
     _section("monitoring")
-    with_wandb: bool = _opt(False, "Also log to Weights & Biases (TensorBoard files are always written under <experiment>/tb).", common=True)
+    with_wandb: bool = _opt(False, "Also log to Weights & Biases (TensorBoard files are always written under "
+                                   "<experiment>/tb).", common=True)
     wandb_project: str = _opt("fastrl", "W&B project to log into.", common=True)
     wandb_entity: str = _opt("", "W&B user or team that owns the project (empty = your default entity).")
     wandb_group: str = _opt("", "W&B group, to show several runs of one study together (empty = none).")
     wandb_tags: str = _opt("", "W&B tags, comma separated, like cartpole,baseline.")
 
     _section("evaluation")
-    eval_every_frames: int = _opt(0, "Every this many env frames, play --eval_episodes full episodes with the deterministic policy "
-                                  "in a separate process, report eval/return and keep the best checkpoint; 0 = no evaluation.", common=True)
-    eval_episodes: int = _opt(5, "Episodes per evaluation (its cost: this many episodes per --eval_every_frames frames).", common=True)
+    eval_every_frames: int = _opt(0, "Every this many env frames, play --eval_episodes deterministic episodes in a "
+                                     "separate process, report eval/return and keep the best checkpoint; 0 = off.",
+                                  common=True)
+    eval_episodes: int = _opt(5, "Episodes per evaluation (its cost: this many episodes per --eval_every_frames "
+                                 "frames).", common=True)
 
     _section("past one machine (torchrun)")
-    dist_backend: str = _opt("auto", "Under torchrun, how the ranks' learners all-reduce their gradients: gloo (CPU tensors, any "
-                             "network), nccl (CUDA tensors), or auto = nccl when the learner computes on CUDA, else gloo. "
-                             "Ignored without torchrun.", choices=("auto", "gloo", "nccl"))
-    dist_timeout_seconds: float = _opt(60.0, "Under torchrun, how long a learner waits in a collective for the other ranks before "
-                                       "it gives up and stops the run: a dead rank is noticed at once (its connections close), "
-                                       "a hung one after this long. Ranks wait for each other's batches every step, so keep it "
-                                       "well above the slowest rank's time to fill a batch and to start.")
+    dist_backend: str = _opt("auto", "Under torchrun, how the learners all-reduce gradients: gloo (CPU tensors), nccl "
+                                     "(CUDA tensors), or auto = nccl when the learner is on CUDA, else gloo.",
+                             choices=("auto", "gloo", "nccl"),
+                             why="gloo works over any network; without torchrun the option is ignored "
+                                 "(docs/scale-out.md).")
+    dist_timeout_seconds: float = _opt(60.0, "Under torchrun, seconds a learner waits for the other ranks in a "
+                                             "collective before stopping the run; keep it well above any rank's batch "
+                                             "time.",
+                                       why="A dead rank is noticed at once, as its connections close; a hung one only "
+                                           "after this long. Ranks wait for each other's batches every step, so the "
+                                           "slowest rank's time to fill a batch and to start must fit in it.")
 
     _section("checkpoints, status lines and restarts")
-    checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at exit).", common=True)
+    checkpoint_every_seconds: float = _opt(120.0, "Seconds between periodic checkpoints (one is always written at "
+                                                  "exit).", common=True)
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
     status_every_seconds: float = _opt(5.0, "Seconds between console status lines.", common=True)
-    worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted (a rollout worker with fresh envs); "
-                                       "so is any process holding a queue's lock this long, hung inside a queue call.")
-    max_worker_restarts: int = _opt(5, "A rollout or policy worker killed or hung more often than this within 10 minutes stops the run, "
-                                    "named with its cause, instead of being restarted again: a worker that keeps dying has a cause to fix.")
-    max_restarts: int = _opt(0, "When the learner dies (it raised, or was killed), restart the whole run from the newest good checkpoint "
-                             "instead of stopping, at most this many times; frames and counters go on from the checkpoint's. "
-                             "Training since that checkpoint is lost, so a shorter --checkpoint_every_seconds loses less. 0 = stop.")
+    worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted; "
+                                               "so is a process holding a queue's lock that long.",
+                                         why="A restarted rollout worker gets fresh envs. A lock held that long means its holder hung inside a queue call, which "
+                                             "would stall every process using that queue.")
+    max_worker_restarts: int = _opt(5, "A worker killed or hung more often than this within 10 minutes stops the run, "
+                                       "named with its cause, instead of being restarted again.",
+                                    why="A worker that keeps dying has a cause to fix, which endless restarts would "
+                                        "hide (benchmarks/chaos.py raises it to survive its own kills).")
+    max_restarts: int = _opt(0, "When the learner dies, restart the whole run from the newest good checkpoint instead "
+                                "of stopping, at most this many times; 0 = stop.",
+                             why="Frames and counters go on from the checkpoint's. Training since it is lost, so a "
+                                 "shorter --checkpoint_every_seconds loses less.")
 
     # ---------------------------------------------------------------------------------------
     @property
@@ -554,10 +615,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.error_name}: error: {message}\n")
 
 
-TRAIN_DESCRIPTION = ("Train an agent with asynchronous APPO. On several machines or ranks, `torchrun "
-                     "--nproc_per_node N -m fastrl.train ...` runs N ranks, each a whole run with the worker, env and "
-                     "batch counts given here, whose learners average their gradients every step; rank 0 prints and "
-                     "writes for the run (README: Past one machine).")
+TRAIN_DESCRIPTION = ("Train an agent with asynchronous APPO, or resume its experiment from the newest checkpoint. "
+                     "Under `torchrun --nproc_per_node N` it runs N ranks whose learners average their gradients "
+                     "(docs/scale-out.md).")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -620,6 +680,36 @@ def build_parser(prog: str = "python -m fastrl.train", description: str = TRAIN_
         if not meta["common"]:
             action.full_help, action.help = action.help, argparse.SUPPRESS
     return parser
+
+
+def options_markdown() -> str:
+    """docs/options.md: a table of every option per section, with its default, its
+    help and the longer reason where it has one. `python -m fastrl.config --markdown`
+    prints it; tests/test_options.py keeps the committed page equal to it."""
+    def cell(text: str) -> str:  # a "|" would end the cell, a "<" open an HTML tag
+        return text.replace("|", "\\|").replace("<", "&lt;")
+
+    def default(value) -> str:
+        if isinstance(value, bool):
+            return f"`{str(value).lower()}`"
+        return '`""`' if value == "" else f"`{value}`"
+
+    fields = dataclasses.fields(Config)
+    out = ["# Options of fastrl.train", "",
+           "Generated from `fastrl/config.py` by `python -m fastrl.config --markdown > docs/options.md`: edit the "
+           "texts there, then regenerate. `python -m fastrl.bench` takes every option too.", "",
+           f"The {sum(f.metadata['common'] for f in fields)} options in bold are those most runs touch, which "
+           f"`python -m fastrl.train --help` lists; `--help_all` lists all {len(fields)}. \"Why\" gives the reason "
+           "behind a default or a design, and the benchmark that measures it where there is one."]
+    for section in dict.fromkeys(f.metadata["section"] for f in fields):
+        out += ["", f"## {section[0].upper()}{section[1:]}", "", "| option | default | meaning | why |",
+                "| --- | --- | --- | --- |"]
+        for f in (f for f in fields if f.metadata["section"] == section):
+            meta = f.metadata
+            name = f"`--{f.name}" + (f" {{{','.join(meta['choices'])}}}`" if "choices" in meta else "`")
+            name = f"**{name}**" if meta["common"] else name
+            out.append(f"| {name} | {default(f.default)} | {cell(meta['help'])} | {cell(meta['why'])} |")
+    return "\n".join(out) + "\n"
 
 
 def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> tuple:
@@ -691,3 +781,9 @@ def config_from_saved(saved: dict) -> Config:
         if values.get(name) in replacements:
             values[name] = replacements[values[name]]
     return Config(**values)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m fastrl.config --markdown > docs/options.md")
+    sys.stdout.write(options_markdown())

@@ -1,15 +1,20 @@
 """The two tiers of fastrl's options: `--help` lists the common ones, grouped as
-Config's sections; `--help_all` lists every one, under the same headings."""
+Config's sections; `--help_all` lists every one, under the same headings. Help texts
+stay short; the reasons behind them are in docs/options.md, generated from Config."""
 import dataclasses
+import os
 import re
 import subprocess
 import sys
 
-from fastrl.config import Config, build_parser
+from helpers import REPO
+
+from fastrl.config import Config, build_parser, options_markdown
 
 FIELDS = dataclasses.fields(Config)
 COMMON = [f.name for f in FIELDS if f.metadata["common"]]
 MOST_COMMON = 25  # what a newcomer reads before the first run; the rest is --help_all's
+HELP_WORDS = 25  # one line of what the option does; why it is so goes into `why`
 
 
 def run_help(module: str, flag: str) -> str:
@@ -62,3 +67,33 @@ def test_bench_help_keeps_its_own_options_beside_the_common_ones():
     assert {"--mode", "--seconds", "--warmup", "--json", "--env", "--lr"} <= set(listed)
     assert "--vtrace_lambda" not in listed
     assert {"--mode", "--vtrace_lambda"} <= set(listed_options(run_help("fastrl.bench", "--help_all")))
+
+
+def test_every_help_text_says_what_its_option_does_in_a_few_words():
+    long = {f.name: len(f.metadata["help"].split()) for f in FIELDS if len(f.metadata["help"].split()) > HELP_WORDS}
+    assert long == {}, f"over {HELP_WORDS} words: move the reasons to _opt(..., why=...)"
+
+
+def test_help_texts_name_no_machine_and_no_diary():
+    # The texts outlive the machines they were measured on; benchmarks/README.md keeps those.
+    banned = re.compile(r"\b(EPYC|Xeon|Zen|H200)\b|session", re.I)
+    for f in FIELDS:
+        for key in ("help", "why"):
+            assert not banned.search(f.metadata[key]), (f.name, key, f.metadata[key])
+
+
+def test_the_options_page_is_what_the_generator_writes():
+    with open(os.path.join(REPO, "docs", "options.md")) as fh:
+        page = fh.read()
+    assert page == options_markdown(), "docs/options.md is stale: python -m fastrl.config --markdown > docs/options.md"
+    for f in FIELDS:
+        assert f"`--{f.name}" in page
+        if f.metadata["why"]:
+            assert f.metadata["why"].replace("|", "\\|").replace("<", "&lt;") in page, f.name
+
+
+def test_the_generator_runs_as_documented(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fastrl.config", "--markdown"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == options_markdown()
