@@ -1,9 +1,7 @@
-"""Acting with the newest published policy: a model copy that reloads only
-when the learner's version moved, and writes its outputs into the trajectory
-buffers. Used by policy workers (batched over many workers' splits) and by
-rollout workers with `--inference local` (on their own envs). With
-`--inference policy_worker`, a rollout worker asks for actions through
-RemotePolicy."""
+"""Acting with the newest published policy: a model copy that reloads only when the
+learner's version moved. Used by policy workers (batched over many splits) and by
+rollout workers with `--inference local`; RemotePolicy is a rollout worker's side of
+`--inference policy_worker`."""
 from __future__ import annotations
 
 import queue
@@ -20,11 +18,9 @@ from fastrl.sampling.compiled_act import ACT_COMPILE_KEY, CompiledAct, actors_co
 
 
 class PolicyCopy:
-    """A read-only copy of one policy's model (its learner's) on `device`.
-
-    On a GPU it acts through CUDA graphs captured for batches of up to `max_batch`
-    rows (fastrl.cuda.graphs); new weights are copied into the captured tensors in
-    place, so the graphs stay valid across versions."""
+    """A read-only copy of one policy's model on `device`. On a GPU it acts through
+    CUDA graphs for batches of up to `max_batch` rows, reloading weights in place so
+    the graphs stay valid."""
 
     def __init__(self, cfg, ctx: SharedContext, row: BoardRow, device: str = "cpu", policy: int = 0,
                  max_batch: int = 1):
@@ -65,16 +61,14 @@ class PolicyCopy:
         return self._counted(self._act.act_on_host(self.clock))
 
     def _counted(self, out):
-        """`out`, one forward's outputs, with the forward and its rows counted on the board."""
         self.row.add("inference_batches", 1)
         self.row.add("inference_samples", out.actions.shape[0])
         return out
 
 
 class LocalPolicy(PolicyCopy):
-    """Inference inside a rollout worker, on one split at a time; its forward
-    compiled where --compile_actors says so (fastrl/sampling/compiled_act.py),
-    the choice reported to the runner once made."""
+    """Inference inside a rollout worker, one split at a time, its forward compiled
+    where --compile_actors says so."""
 
     def __init__(self, cfg, ctx: SharedContext, row: BoardRow, worker: int, policy: int = 0):
         super().__init__(cfg, ctx, row, policy=policy)
@@ -106,27 +100,19 @@ class LocalPolicy(PolicyCopy):
                                                                 "policy": self.policy}}], block=False)
             self._report = None
         except queue.Full:
-            pass  # the runner is behind on reading: the next forward tries again, acting never waits on it
+            pass  # the runner is behind: the next forward tries again, acting never waits
 
 
 class RemotePolicy:
-    """A rollout worker's side of the policy workers: it sends (worker, split,
-    buffer, t, epoch) requests and takes the answers, and it re-sends what a
-    restart of the policy workers lost.
+    """A rollout worker's side of the policy workers: sends (worker, split, buffer, t,
+    epoch) requests, takes the answers, and re-sends what a restart lost.
 
-    A policy worker that dies takes the requests it had taken off the queue with
-    it, and may have written part of their outputs. The supervisor restarts the
-    policy workers together, and only once every old one is dead does it move
-    the epoch on (runtime/supervision.py); the new ones drop requests of an older
-    epoch. So, on seeing the epoch move, this worker first takes every answer the
-    old ones sent, all complete, then re-sends each request still unanswered,
-    with the GRU state it first sent, which a half-finished answer may have
-    overwritten. Each request is then answered exactly once, with no timeout to
-    tune: re-sending after a timeout instead would answer twice any request a
-    live but slow policy worker still holds, and a late second answer writes
-    over actions and a GRU state the worker has already moved past. The price is
-    that a healthy policy worker is restarted beside a dead one (seconds, on a
-    failure), and one copy of the GRU state per split.
+    The supervisor restarts all policy workers together and moves the epoch on only
+    once every old one is dead; new ones drop older epochs' requests. On an epoch
+    change this worker takes the old workers' complete answers, then re-sends each
+    unanswered request with the GRU state it first sent. So each request is answered
+    exactly once, with no timeout: re-sending on a timeout would let a slow worker's
+    late answer overwrite state the rollout worker has moved past.
     """
 
     def __init__(self, ctx: SharedContext, index: int):
@@ -157,8 +143,8 @@ class RemotePolicy:
             return []
 
     def _match(self, responses: list) -> list:
-        """The splits these responses answer; one for a request this worker did not
-        send was meant for a worker that died in this slot before it started."""
+        """The splits these responses answer; others were for a worker that died in
+        this slot before this one started."""
         splits = []
         for s, buf, t in responses:
             if s in self.pending and self.pending[s][:2] == (buf, t):

@@ -1,8 +1,6 @@
-"""Policy worker process: gathers whatever action requests are waiting, runs one
-batched forward over their observations (read in place from the trajectory
-buffers), writes actions back, and tells each rollout worker its split is ready.
-With several policies, one forward per policy that has requests waiting, each
-with that policy's newest weights."""
+"""Policy worker process: gathers the waiting action requests, runs one batched
+forward per policy over their observations (read in place from the trajectory
+buffers), writes actions back, and tells each rollout worker its split is ready."""
 from __future__ import annotations
 
 import queue
@@ -28,13 +26,11 @@ def policy_worker_main(cfg, index: int, ctx: SharedContext, device: str, device_
 def _serve(cfg, index: int, ctx: SharedContext, device: str) -> None:
     row = ctx.board.row(f"policy_{index}")
     timer = Timer(row)
-    # One forward answers at most every split of every worker; on a GPU that bounds the
-    # batch sizes the CUDA graphs are captured for.
+    # One forward answers at most every split of every worker: the largest CUDA graph.
     max_batch = cfg.num_workers * cfg.num_splits * cfg.envs_per_split
     policies = [PolicyCopy(cfg, ctx, row, device, policy=k, max_batch=max_batch) for k in range(cfg.num_policies)]
     wait_s = cfg.inference_batch_wait_ms / 1000.0
-    # The supervisor started this worker after every older one died; a request sent
-    # before that is stale, and its sender re-sends it (inference.RemotePolicy).
+    # Older epochs' requests are stale; their senders re-send them (inference.RemotePolicy).
     epoch = int(ctx.inference_epoch[0])
     while not ctx.stop.is_set():
         row.beat()
@@ -44,8 +40,8 @@ def _serve(cfg, index: int, ctx: SharedContext, device: str) -> None:
             except queue.Empty:
                 continue
             if wait_s > 0:
-                # A short wait buys a bigger batch: worth it when a forward's fixed cost
-                # (a GPU launch) dominates, wasted on a CPU where cost grows with batch.
+                # A short wait buys a bigger batch: worth it where a forward's fixed cost
+                # dominates (a GPU), wasted on a CPU.
                 time.sleep(wait_s)
                 try:
                     requests += ctx.request_queue.get_many(block=False)
