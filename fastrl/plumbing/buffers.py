@@ -1,10 +1,7 @@
-"""Trajectory buffers: preallocated shared-memory tensors that rollout workers
-write into and the learner reads from. Only buffer indices cross the queues.
-
-One buffer holds one env split's trajectory: `rollout` steps of `envs_per_split`
-envs, plus the observation after the last step for bootstrapping. Keeping a
-whole split per buffer makes every write a vectorised row write and every queue
-message one integer per `rollout x envs_per_split` samples.
+"""Trajectory buffers: preallocated shared-memory tensors that rollout workers write
+and the learner reads; only buffer indices cross the queues. One buffer holds one env
+split's trajectory (`rollout` steps of `envs_per_split` envs, plus the bootstrap
+observation), so writes are row writes and a queue message is one integer.
 """
 from __future__ import annotations
 
@@ -12,13 +9,9 @@ import torch
 
 from fastrl.algo.model import obs_zeros
 
-# A buffer's share of a tensor from which gather copies it buffer by buffer: each copy
-# moves T' runs of n whole rows, laid end to end on both sides, at memcpy speed, where
-# index_select, a transpose and a reshape copy twice and walk with strides. For a
-# 1024-sample doom_battle batch, 0.39-0.67x of their time on one AMD EPYC core (3.7-14
-# ms against 6.7-21, three runs of benchmarks/batch_gather.py); for CartPole's small
-# tensors a loop of copies cost more than it saved (0.16 against 0.12 ms), hence the
-# threshold, under which they are gathered the old way.
+# Above this many bytes per buffer, gather copies buffer by buffer (contiguous runs at
+# memcpy speed); below it, one index_select beats a Python loop (batch_gather in
+# benchmarks/experiments/README.md).
 COPY_PER_BUFFER_BYTES = 256 * 1024
 
 
@@ -49,9 +42,8 @@ class TrajectoryBuffers:
 
         self.obs = {k: obs_zeros((N, T + 1, n), shape, dtype).share_memory_()
                     for k, (shape, dtype) in obs_layout.items()}
-        # Truncations are rare (once per time-limited episode), so this mostly
-        # idle copy of the obs is the price of an exact bootstrap; the learner
-        # reads only the rows flagged truncated.
+        # Truncations are rare, so this mostly idle copy of the obs is the price of an
+        # exact bootstrap; the learner reads only the truncated rows.
         self.final_obs = {k: obs_zeros((N, T, n), shape, dtype).share_memory_()
                           for k, (shape, dtype) in obs_layout.items()}
         self.episode_start = shared((N, T + 1, n), torch.bool)
@@ -71,23 +63,18 @@ class TrajectoryBuffers:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def gather(self, indices: list) -> dict:
-        """Copy the given buffers out into one time-major batch [T(+1), len*n, ...]
-        so that the buffers can be freed at once and the learner trains on its copy.
-
-        final_obs comes back compact: {k: [M, *shape]}, the M truncated steps' rows
-        only, with final_row [T, len*n] giving each step's row (-1 where it was not
-        truncated). Copying every step's final obs would move as many bytes as obs
-        itself for a handful of rows.
+        """Copy the given buffers out into one time-major batch [T(+1), len*n, ...], so
+        the buffers can be freed at once. final_obs comes back compact, the truncated
+        steps' rows only, with final_row [T, len*n] giving each step's row (-1 if none).
         """
         idx = torch.as_tensor(indices, dtype=torch.long)
         n = self.envs_per_split
 
         def take(t: torch.Tensor) -> torch.Tensor:
-            """[N, T', n, ...] -> [T', k*n, ...]: buffer j's n envs become columns j*n.."""
+            """[N, T', n, ...] -> [T', k*n, ...]: buffer j's envs become columns j*n.."""
             image = t.dim() == 6 and t.stride(-3) == 1  # channels-last frames stay channels-last
             if t.stride(0) * t.element_size() < COPY_PER_BUFFER_BYTES:  # (a buffer's bytes)
-                # Small tensors: one index_select, a transpose and a reshape cost less
-                # than a Python loop of copies.
+                # Small tensors: index_select, transpose, reshape beat a loop of copies.
                 x = (t.movedim(-3, -1) if image else t).index_select(0, idx).transpose(0, 1)
                 x = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
                 return x.movedim(-1, -3) if image else x
@@ -122,11 +109,9 @@ class TrajectoryBuffers:
 
 
 class HeldBuffers:
-    """Which trajectory buffer each worker split holds: [worker, split], -1 = none.
-
-    A worker clears its slot before handing a buffer to the learner and sets it
-    right after taking a free one, so a death between the two loses at most
-    that one index from the pool instead of ever putting one index in two places.
+    """Which trajectory buffer each worker split holds: [worker, split], -1 = none. A
+    worker clears its slot before handing a buffer over and sets it right after taking
+    one, so a death in between loses an index rather than putting one in two places.
     """
 
     def __init__(self, num_workers: int, num_splits: int):
