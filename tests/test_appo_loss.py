@@ -3,9 +3,15 @@
 import pytest
 import torch
 
+from fastrl.algo import appo_loss as loss_module
 from fastrl.algo.appo_loss import (
     STAT_FIELDS,
-    appo_loss,
+    Behaviour,
+    Current,
+    LossSettings,
+    Steps,
+    TraceSettings,
+    ValueScale,
     entropy_loss,
     normalize_advantages,
     ppo_clip_policy_loss,
@@ -34,6 +40,18 @@ def batch(seed=0):
         entropy_t=torch.rand(T, B, generator=g).requires_grad_(),
         valid_t=torch.ones(T, B),
     )
+
+
+def appo_loss(logp_t, behaviour_logp_t, values, r_t, terminated_t, truncated_t, v_final_t, entropy_t, valid_t, *,
+              gamma, rho_bar, c_bar, clip_ratio, value_coef, entropy_coef, normalize_adv, lambda_=1.0,
+              exploration_t=None, value_mean=0.0, value_std=1.0, stats=True):
+    """The loss with every input named, as the golden values below were written: the
+    bundles fastrl.algo.appo_loss takes, built from them."""
+    return loss_module.appo_loss(
+        logp_t, Current(values, entropy_t, exploration_t), Behaviour(behaviour_logp_t),
+        Steps(r_t, terminated_t, truncated_t, v_final_t, valid_t), TraceSettings(gamma, rho_bar, c_bar, lambda_),
+        LossSettings(clip_ratio, value_coef, entropy_coef, normalize_adv), ValueScale(value_mean, value_std),
+        stats=stats)
 
 
 def grads(total, *tensors):

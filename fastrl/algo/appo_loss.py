@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from fastrl.algo.vtrace import bootstrap_truncation, check_time_major, episode_discounts, vtrace
+from fastrl.algo.vtrace import VTraceReturns, bootstrap_truncation, check_time_major, episode_discounts, vtrace
 
 
 def _masked_mean(x, valid_t):
@@ -125,135 +125,141 @@ class APPOLoss(NamedTuple):
 STAT_FIELDS = tuple(name for name in APPOLoss._fields if name not in ("total", "vs_tm1", "log_ratio_t"))
 
 
-def appo_loss(
-    logp_t,
-    behaviour_logp_t,
-    values,
-    r_t,
-    terminated_t,
-    truncated_t,
-    v_final_t,
-    entropy_t,
-    valid_t,
-    *,
-    gamma,
-    rho_bar,
-    c_bar,
-    clip_ratio,
-    value_coef,
-    entropy_coef,
-    normalize_adv,
-    lambda_=1.0,
-    exploration_t=None,
-    value_mean=0.0,
-    value_std=1.0,
-    behaviour_v_tm1=None,
-    value_clip=None,
-    stats=True,
-):
-    """The learner's loss for one batch of trajectories.
+class Steps(NamedTuple):
+    """What the trajectories recorded, each [T, B]: rewards, the two episode-end
+    flags, the value of the final observation on truncated steps (0 elsewhere, in
+    return units), and 1 for the samples the loss may use."""
+    r_t: torch.Tensor
+    terminated_t: torch.Tensor
+    truncated_t: torch.Tensor
+    v_final_t: torch.Tensor
+    valid_t: torch.Tensor
 
-    Inputs are [T, B] except `values`, the current values of s_0..s_T, [T+1, B].
-    `logp_t`, `values` and `entropy_t` come from the learner's forward pass (with
-    grad); `behaviour_logp_t` is what the acting policy recorded; `v_final_t` is the
-    value of the final observation on truncated steps (0 elsewhere).
+
+class Current(NamedTuple):
+    """The learner's forward pass, with grad: values (the model's normalised outputs;
+    [T+1, B] for appo_loss, s_0..s_T, and [T, B] for loss_on_targets), the policy's
+    entropy [T, B], and an optional per-sample exploration penalty [T, B] that
+    replaces -entropy (a KL to the uniform policy, whose pull does not fade as the
+    policy sharpens the way entropy's does)."""
+    values: torch.Tensor
+    entropy_t: torch.Tensor
+    exploration_t: Optional[torch.Tensor] = None
+
+
+class Behaviour(NamedTuple):
+    """What the acting policy recorded: its log-probs [T, B], and its values [T, B]
+    (same units as Current.values) where the value loss is clipped."""
+    logp_t: torch.Tensor
+    v_tm1: Optional[torch.Tensor] = None
+
+
+class TraceSettings(NamedTuple):
+    """V-trace's options (fastrl.algo.vtrace.vtrace)."""
+    gamma: float
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
+    lambda_: float = 1.0
+
+
+class LossSettings(NamedTuple):
+    """The loss's options once its targets are known; `value_clip` None: unclipped."""
+    clip_ratio: float
+    value_coef: float
+    entropy_coef: float
+    normalize_adv: bool = True
+    value_clip: Optional[float] = None
+
+
+class ValueScale(NamedTuple):
+    """A running estimate of the targets' mean and std: values are predicted in
+    these units so that the value loss does not depend on the reward scale."""
+    mean: float = 0.0
+    std: float = 1.0
+
+
+UNSCALED = ValueScale()
+
+
+def appo_loss(logp_t, current: Current, behaviour: Behaviour, steps: Steps, trace: TraceSettings,
+              settings: LossSettings, value_scale: ValueScale = UNSCALED, stats: bool = True) -> APPOLoss:
+    """The learner's loss for one batch of trajectories: `logp_t` [T, B] are the
+    current log-probs of the actions taken (with grad).
 
         total = policy_loss + value_coef * value_loss + entropy_coef * exploration
 
-    The exploration term is -mean(entropy_t) by default, or mean(exploration_t)
-    when given (a per-sample penalty with grad, such as a KL to the uniform policy,
-    whose pull does not fade as the policy sharpens the way entropy's does).
-
-    Return normalisation: with value_mean / value_std (a running estimate of the
-    targets' statistics), `values` are the model's normalised outputs. V-trace runs
-    on values mapped back to return units, v * value_std + value_mean, and the value
-    loss regresses `values` onto the targets normalised the same way, so its scale
-    no longer depends on the env's reward scale. `v_final_t` is in return units.
-    lambda_ is V-trace's lambda (fastrl.algo.vtrace.vtrace). With `behaviour_v_tm1` (the
-    acting policy's values, in the same units as `values`) and `value_clip`, the
-    value loss is PPO's clipped form (see `value_loss`).
-
-    The policy loss is PPO-clip on the V-trace pg advantages with log_ratio =
-    logp_t - behaviour_logp_t; the value loss regresses values[:-1] onto V-trace's
-    targets vs_tm1.
-    The clip bounds pi / mu, so a stale sample starts its update near or past the
-    clip, and pi / mu is also inside the advantage. Decoupled PPO (a clip on the
-    update's own step, V-trace correcting the staleness once) was built and
-    measured against this, and learned no better (benchmarks/README.md).
+    The policy loss is PPO-clip on V-trace's policy-gradient advantages, with
+    log_ratio = logp_t - behaviour.logp_t; the value loss regresses values[:-1] onto
+    V-trace's targets. V-trace runs on values mapped back to return units (v * std +
+    mean) and the value loss regresses onto targets normalised the same way. The clip
+    bounds pi / mu, so a stale sample starts its update near or past the clip.
 
     A sample with valid_t = 0 is left out of every mean and cuts the trace
     (rho = c = 0), so its reward, flags and log-probs reach no other sample.
-
     stats=False leaves out the logging statistics (see loss_on_targets).
     """
-    check_time_major(
-        logp_t=logp_t, behaviour_logp_t=behaviour_logp_t, r_t=r_t, terminated_t=terminated_t,
-        truncated_t=truncated_t, v_final_t=v_final_t, entropy_t=entropy_t, valid_t=valid_t,
-    )
-    T, B = r_t.shape
+    check_time_major(logp_t=logp_t, behaviour_logp_t=behaviour.logp_t, entropy_t=current.entropy_t, **steps._asdict())
+    T, B = steps.r_t.shape
+    values = current.values
     if values.shape != (T + 1, B):
         raise ValueError(
             f"values has shape {tuple(values.shape)} but must be [T+1, B] = ({T + 1}, {B}): "
             "the values of s_0..s_T, the last one bootstrapping the rollout."
         )
-    log_ratio_t = logp_t - behaviour_logp_t.detach()
-    raw_values = values.detach() * value_std + value_mean
-    returns = vtrace_targets(raw_values, log_ratio_t, r_t, terminated_t, truncated_t, v_final_t, valid_t,
-                             gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
-    return loss_on_targets(
-        log_ratio_t, values[:-1], returns.vs_tm1, returns.pg_advantage_t, entropy_t, valid_t,
-        clip_ratio=clip_ratio, value_coef=value_coef, entropy_coef=entropy_coef, normalize_adv=normalize_adv,
-        exploration_t=exploration_t, value_mean=value_mean, value_std=value_std,
-        behaviour_v_tm1=behaviour_v_tm1, value_clip=value_clip, stats=stats,
-    )
+    log_ratio_t = logp_t - behaviour.logp_t.detach()
+    raw_values = values.detach() * value_scale.std + value_scale.mean
+    returns = vtrace_targets(raw_values, log_ratio_t, steps, trace)
+    return loss_on_targets(log_ratio_t, current._replace(values=values[:-1]), returns, steps.valid_t, settings,
+                           behaviour_v_tm1=behaviour.v_tm1, value_scale=value_scale, stats=stats)
 
 
 @torch.no_grad()
-def vtrace_targets(raw_values, log_ratio_t, r_t, terminated_t, truncated_t, v_final_t, valid_t, *,
-                   gamma, rho_bar, c_bar, lambda_=1.0):
-    """V-trace's value targets and policy-gradient advantages (VTraceReturns), in
-    return units, for trajectories [T, B] whose values of s_0..s_T are
-    `raw_values` [T+1, B] (return units) and whose log pi / mu are `log_ratio_t`.
-    See appo_loss for the flags and for what a dropped sample (valid_t = 0) does."""
+def vtrace_targets(raw_values, log_ratio_t, steps: Steps, trace: TraceSettings) -> VTraceReturns:
+    """V-trace's value targets and policy-gradient advantages, in return units, for
+    trajectories [T, B] whose values of s_0..s_T are `raw_values` [T+1, B] (return
+    units) and whose log pi / mu are `log_ratio_t`. See appo_loss for the flags and
+    for what a dropped sample (valid_t = 0) does."""
+    r_t, terminated_t, truncated_t, v_final_t, valid_t = steps
     valid_t = valid_t.to(r_t.dtype)
     # A step that both terminated and truncated ended for real: no bootstrap.
     bootstrapped_t = (truncated_t != 0) & (terminated_t == 0)
-    r_t = bootstrap_truncation(r_t, bootstrapped_t, v_final_t, gamma)
-    discount_t = episode_discounts(terminated_t.to(r_t.dtype), truncated_t, gamma)
+    r_t = bootstrap_truncation(r_t, bootstrapped_t, v_final_t, trace.gamma)
+    discount_t = episode_discounts(terminated_t.to(r_t.dtype), truncated_t, trace.gamma)
     # A dropped sample cuts the trace (rho = c = 0): its behaviour policy is too
     # stale (or foreign) for its importance weight to mean anything, so earlier
     # samples bootstrap from the current V(s_t) instead of through its data.
     log_rho_t = torch.where(valid_t > 0, log_ratio_t.detach(), -torch.inf)
     return vtrace(raw_values[:-1], raw_values[1:], r_t, discount_t, log_rho_t,
-                  rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
+                  rho_bar=trace.rho_bar, c_bar=trace.c_bar, lambda_=trace.lambda_)
 
 
-def loss_on_targets(log_ratio_t, v_tm1, vs_tm1, pg_advantage_t, entropy_t, valid_t, *, clip_ratio, value_coef,
-                    entropy_coef, normalize_adv, exploration_t=None, value_mean=0.0, value_std=1.0,
-                    behaviour_v_tm1=None, value_clip=None, stats=True):
-    """appo_loss once its targets are known: PPO-clip on `pg_advantage_t`, the
-    value loss of `v_tm1` (the model's normalised values, with grad) onto `vs_tm1`
-    (return units), and the exploration term. Inputs are [T, B]; a minibatch of
-    single samples is [1, N].
+def loss_on_targets(log_ratio_t, current: Current, targets: VTraceReturns, valid_t, settings: LossSettings, *,
+                    behaviour_v_tm1=None, value_scale: ValueScale = UNSCALED, stats: bool = True) -> APPOLoss:
+    """appo_loss once its targets are known: PPO-clip on the targets' advantages,
+    the value loss of current.values [T, B] onto targets.vs_tm1 (return units), and
+    the exploration term. Inputs are [T, B]; a minibatch of single samples is [1, N].
 
-    With stats=False the logging statistics (every field but `total` and `vs_tm1`)
-    are None: the learner reports them once a second, and for a small model their
-    ~40 small ops and their share of the backward's bookkeeping are ~12% of a step
-    (Pendulum-v1, CartPole-v1, LunarLander-v3: 0.87-0.89x without them)."""
+    With stats=False the logging statistics (every field but `total`, `vs_tm1` and
+    `log_ratio_t`) are None: the learner reports them once a second, and for a small
+    model their ~40 small ops are a noticeable share of a step."""
+    v_tm1, entropy_t, exploration_t = current
+    vs_tm1, pg_advantage_t = targets
     check_time_major(log_ratio_t=log_ratio_t, v_tm1=v_tm1, vs_tm1=vs_tm1, pg_advantage_t=pg_advantage_t,
                      entropy_t=entropy_t, valid_t=valid_t)
     valid_t = valid_t.to(vs_tm1.dtype)
-    adv_t = normalize_advantages(pg_advantage_t, valid_t) if normalize_adv else pg_advantage_t
-    policy = ppo_clip_policy_loss(log_ratio_t, adv_t, clip_ratio, valid_t, clip_fraction=stats)
+    value_mean, value_std = value_scale
+    adv_t = normalize_advantages(pg_advantage_t, valid_t) if settings.normalize_adv else pg_advantage_t
+    policy = ppo_clip_policy_loss(log_ratio_t, adv_t, settings.clip_ratio, valid_t, clip_fraction=stats)
+    clipped = settings.value_clip is not None
     value = value_loss(v_tm1, (vs_tm1 - value_mean) / value_std, valid_t,
-                       old_v_tm1=behaviour_v_tm1, clip_value=value_clip)
+                       old_v_tm1=behaviour_v_tm1 if clipped else None, clip_value=settings.value_clip)
     entropy = entropy_loss(entropy_t, valid_t)
     if exploration_t is None:
         exploration = entropy
     else:
         check_time_major(exploration_t=exploration_t, valid_t=valid_t)
         exploration = _masked_mean(exploration_t, valid_t)
-    total = policy.loss + value_coef * value + entropy_coef * exploration
+    total = policy.loss + settings.value_coef * value + settings.entropy_coef * exploration
     if not stats:
         return APPOLoss(total=total, vs_tm1=vs_tm1, log_ratio_t=log_ratio_t.detach(), **dict.fromkeys(STAT_FIELDS))
 

@@ -15,8 +15,21 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fastrl.algo.appo_loss import STAT_FIELDS, appo_loss, approx_kl, loss_on_targets, vtrace_targets
+from fastrl.algo.appo_loss import (
+    STAT_FIELDS,
+    Behaviour,
+    Current,
+    LossSettings,
+    Steps,
+    TraceSettings,
+    ValueScale,
+    appo_loss,
+    approx_kl,
+    loss_on_targets,
+    vtrace_targets,
+)
 from fastrl.algo.model import build_model, flat_state, flat_state_size, has_images, load_flat_state
+from fastrl.algo.vtrace import VTraceReturns
 from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
 from fastrl.learning.adam import FusedAdam
@@ -372,28 +385,20 @@ def trajectory_loss(cfg, model, mb: dict, valid: torch.Tensor, time_limits=None,
     replaces _time_limits (a compiled loss runs it eagerly, being data-dependent)."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     ev = model.evaluate(mb["obs"], mb["rnn_state0"], mb["episode_start"], mb["actions"], uniform_kl=symmetric_kl)
-    value_mean, value_std = model.value_scale()
     terminated, truncated, v_final = (time_limits or _time_limits)(cfg, model, mb, ev)
-    return appo_loss(
-        logp_t=ev.logp, behaviour_logp_t=mb["behaviour_logp"], values=ev.values,
-        r_t=learned_rewards(cfg, mb["rewards"]), terminated_t=terminated.float(),
-        truncated_t=truncated.float(), v_final_t=v_final, entropy_t=ev.entropy,
-        valid_t=valid, exploration_t=ev.uniform_kl, value_mean=value_mean, value_std=value_std, stats=stats,
-        **_trace_settings(cfg), **_loss_settings(cfg, mb["behaviour_value"]),
-    )
+    steps = Steps(learned_rewards(cfg, mb["rewards"]), terminated.float(), truncated.float(), v_final, valid)
+    return appo_loss(ev.logp, Current(ev.values, ev.entropy, ev.uniform_kl),
+                     Behaviour(mb["behaviour_logp"], mb["behaviour_value"]), steps, trace_settings(cfg),
+                     loss_settings(cfg), ValueScale(*model.value_scale()), stats=stats)
 
 
-def _trace_settings(cfg) -> dict:
-    """V-trace's options, as appo_loss and vtrace_targets take them."""
-    return dict(gamma=cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, lambda_=cfg.vtrace_lambda)
+def trace_settings(cfg) -> TraceSettings:
+    return TraceSettings(cfg.gamma, cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
 
 
-def _loss_settings(cfg, behaviour_v_tm1: torch.Tensor) -> dict:
-    """The loss's options on known targets; acting values only for the value clip."""
-    clipped = cfg.value_clip > 0
-    return dict(clip_ratio=cfg.clip_ratio, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
-                normalize_adv=cfg.normalize_advantages, behaviour_v_tm1=behaviour_v_tm1 if clipped else None,
-                value_clip=cfg.value_clip if clipped else None)
+def loss_settings(cfg) -> LossSettings:
+    return LossSettings(cfg.clip_ratio, cfg.value_coef, cfg.entropy_coef, cfg.normalize_advantages,
+                        cfg.value_clip if cfg.value_clip > 0 else None)
 
 
 def kl_bound_crossed(cfg, out, mb: dict, valid: torch.Tensor) -> bool:
@@ -460,8 +465,8 @@ def batch_targets(cfg, model, batch: dict, valid: torch.Tensor):
     value_mean, value_std = model.value_scale()
     terminated, truncated, v_final = _time_limits(cfg, model, batch, ev)
     log_ratio_t = ev.logp - batch["behaviour_logp"]
-    targets = vtrace_targets(ev.values * value_std + value_mean, log_ratio_t, learned_rewards(cfg, batch["rewards"]),
-                             terminated.float(), truncated.float(), v_final, valid, **_trace_settings(cfg))
+    steps = Steps(learned_rewards(cfg, batch["rewards"]), terminated.float(), truncated.float(), v_final, valid)
+    targets = vtrace_targets(ev.values * value_std + value_mean, log_ratio_t, steps, trace_settings(cfg))
     return targets, log_ratio_t
 
 
@@ -489,14 +494,13 @@ def sample_gradient_step(cfg, model, optimizer, samples: dict, peers: Optional[P
     trajectories; returns as gradient_step does."""
     symmetric_kl = cfg.exploration_loss == "symmetric_kl"
     logp, entropy, values, uniform_kl = model.evaluate_samples(samples["obs"], samples["actions"], symmetric_kl)
-    value_mean, value_std = model.value_scale()
     row = {k: v.unsqueeze(0) for k, v in samples.items() if k not in ("obs", "actions")}
-    out = loss_on_targets(
-        (logp - samples["behaviour_logp"]).unsqueeze(0), values.unsqueeze(0), row["vs"], row["pg_advantage"],
-        entropy.unsqueeze(0), row["valid"],
-        exploration_t=uniform_kl.unsqueeze(0) if uniform_kl is not None else None,
-        value_mean=value_mean, value_std=value_std, stats=stats, **_loss_settings(cfg, row["behaviour_value"]),
-    )
+    current = Current(values.unsqueeze(0), entropy.unsqueeze(0),
+                      uniform_kl.unsqueeze(0) if uniform_kl is not None else None)
+    out = loss_on_targets((logp - samples["behaviour_logp"]).unsqueeze(0), current,
+                          VTraceReturns(row["vs"], row["pg_advantage"]), row["valid"], loss_settings(cfg),
+                          behaviour_v_tm1=row["behaviour_value"], value_scale=ValueScale(*model.value_scale()),
+                          stats=stats)
     return _descend(cfg, model, optimizer, out, row["valid"], peers, kl_bound_crossed(cfg, out, row, row["valid"]))
 
 
