@@ -1,10 +1,6 @@
-"""SharedContext: everything the processes of one run hold in common.
-
-The runner builds it once, before any child starts, and passes it to each child as
-an argument: its tensors travel as shared memory and its queues as faster-fifo
-handles, so every process sees the same storage. Nothing else is shared; a child
-that needs more from another process gets it through one of these fields.
-"""
+"""SharedContext: everything the processes of one run hold in common. Built once by
+the runner before any child starts and passed to each: tensors travel as shared
+memory, queues as faster-fifo handles. Nothing else is shared."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,22 +37,15 @@ class SharedContext:
     request_queue: faster_fifo.Queue  # (worker, split, buffer, t, epoch) wanting actions: rollout -> policy workers
     response_queues: List[faster_fifo.Queue]  # one per rollout worker: (split, buffer, t) whose actions are written
     rnn_states: List[torch.Tensor]  # one [splits, envs, H] per rollout worker; empty with local inference
-    # [1] int64: how many times the policy workers were restarted. A request carries
-    # the epoch it was sent in; one from an earlier epoch is stale (sampling/inference.py).
+    # [1] int64: policy-worker restarts; a request from an earlier epoch is stale.
     inference_epoch: torch.Tensor
     held_buffers: HeldBuffers
     learner_threads: torch.Tensor  # [1]: the learner's torch threads, which the runner's adapter may move
-    # [num_workers] int8: 1 once a rollout worker handed its first trajectory over; the
-    # workers that do not fill the first batch wait for those that do to start
-    # (sampling/rollout_worker.py, first_batch_workers).
+    # [num_workers] int8: 1 once a rollout worker handed its first trajectory over.
     first_handed: torch.Tensor
-    # The image encoders' arithmetic: actors build their model in .acting, the
-    # learner in .learning. Decided by the runner (--precision auto measures), so
-    # that no child measures.
+    # The image encoders' arithmetic per role, decided once by the runner.
     precision: Precision
-    # A multi-rank run's counters summed over the ranks, and whether the ranks agreed
-    # to stop: the learner writes, the runner and evaluator read. None in a run of one.
+    # A multi-rank run's counters summed over ranks and the agreed stop; None in a run of one.
     totals: Optional[RunTotals] = None
-    # Each policy's hyperparameters under population-based training: the runner
-    # writes, the learners take. None without --with_pbt.
+    # Each policy's PBT hyperparameters (the runner writes, learners take); None without --with_pbt.
     hyper: Optional[SharedHyper] = None

@@ -1,22 +1,13 @@
-"""Parameter publishing: the learner writes its flat parameter vector into one
-shared tensor and bumps a version; readers copy it only when the version moved.
+"""Parameter publishing: the learner writes its flat parameter vector into one shared
+tensor and bumps a version; readers copy it only when the version moved.
 
-No OS semaphore is involved (a multiprocessing.Lock is a named /dev/shm
-semaphore that a SIGKILLed runner would leak): one writer, the learner, and a
-sequence counter, odd while a write is under way, let readers detect a torn
-copy and retry. Writes happen once per learner step; readers copy only after
-one, so a retry is rare and costs one more memcpy.
+No OS semaphore (a SIGKILLed runner would leak it): one writer and a sequence counter,
+odd during a write, let readers detect a torn copy and retry.
 
-On a GPU run the vector also lives in device memory, shared with the other
-processes by CUDA IPC (fastrl.cuda.ipc): the learner's weights reach the GPU
-policy workers by two device-to-device copies, with no trip through the host.
-The host copy stays for the readers that compute on a CPU (local actors, the
-evaluator): one device-to-host copy per version, about a millisecond for the
-Doom model's 2.9M weights. The device copy does not travel inside the shared
-context, which every child gets: receiving a CUDA tensor starts CUDA in the
-receiver (a context of some hundred MB of GPU memory and a second or more of
-start-up in each of dozens of rollout workers that never compute on the GPU).
-The runner hands it to the learners and policy workers apart (`device_copies`).
+On a GPU run the vector also lives in device memory shared by CUDA IPC, so policy
+workers get weights device to device. The device copy stays out of SharedContext, as
+receiving a CUDA tensor starts a CUDA context in every child; the runner hands it to
+learners and policy workers apart (`device_copies`).
 """
 from __future__ import annotations
 
@@ -29,9 +20,8 @@ from fastrl.cuda.ipc import copy_and_wait, device_param_buffer
 
 
 class SharedParams:
-    """Args: size, the flat vector's length; device, where the learner and policy
-    workers compute: a CUDA device adds the device copy. Create it in the process
-    that outlives every reader (the runner): CUDA IPC memory dies with its maker."""
+    """The flat vector of `size` floats; a CUDA `device` adds the device copy. Create it
+    in the process that outlives every reader: CUDA IPC memory dies with its maker."""
 
     def __init__(self, size: int, device="cpu"):
         self.flat = torch.zeros(size, dtype=torch.float32).share_memory_()
@@ -74,16 +64,10 @@ class SharedParams:
 
 @contextlib.contextmanager
 def device_copies(params: list, copies: list | None):
-    """Within it, `params` (a child's, unpickled without their device copies) read
-    and publish through `copies`, the runner's device tensors, given to the child
-    apart; on leaving, the child lets go of them, so that the runner, which made
-    them, sees every mapping of its memory released. None: a CPU run, nothing to do.
-
-    Letting go includes emptying `copies`: it is the child's Process argument, which
-    would otherwise hold the tensors until the interpreter's teardown, where they
-    may never be freed, and the runner then warns at its exit ("Producer process has
-    been terminated before all shared CUDA tensors released", printed by every GPU
-    run of the twenty-third session)."""
+    """Within it, `params` read and publish through `copies`, the runner's device
+    tensors handed to the child apart. On leaving they are released and `copies`
+    emptied, as the Process argument would otherwise hold them past teardown and the
+    runner would warn at exit. None: a CPU run."""
     if copies is None:
         yield
         return

@@ -1,19 +1,10 @@
 """Waiting on a faster-fifo queue without ever sleeping inside it.
 
-A process SIGKILLed while it waits on a queue's process-shared condition
-variable leaves glibc's condvar counting it as a waiter forever; the next
-signal on that condvar then hangs in pthread_cond_signal, holding the queue's
-lock, and every process using the queue hangs behind it. Measured here: one
-killed waiter in a get stalled a whole run, and a killed policy worker made its
-rollout workers hang on their next request; a putter killed while it waited on
-a full queue (glibc 2.36) left the second get after it blocked for good, a get
-with a 5-s timeout included. So no fastrl process blocks in a queue, on either
-side: each polls with get_many(block=False) or put_many(block=False) and sleeps
-between tries, starting short (an answer is often back within 100 us) and
-doubling up to a millisecond while nothing comes. The put side costs nothing
-in a run: fastrl's queues are sized to hold everything that can be in them at
-once, so its first try succeeds; polling only makes sure that a queue filled by
-a stalled reader cannot leave a dead waiter behind.
+A process SIGKILLed while waiting on a queue's process-shared condvar stays counted as
+a waiter forever, and the next signal on it hangs with the queue's lock held, taking
+every user of the queue with it. So no fastrl process blocks in a queue: each polls
+with block=False and backs off between tries. Queues are sized to hold everything, so
+a put's first try succeeds.
 """
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """Seeds for a run's random streams, every one derived from --seed.
 
-Each child process gets a seed of its own from (--seed, its name, the env frame the
-run starts from, how many times a process of that name was started, its torchrun
-rank); inside it, torch's sampling and every env's episodes draw from that seed.
-Hence:
-
-- runs with the same --seed start alike, and runs with different seeds differ in
-  everything random: the action noise too, not only the envs and the initial weights.
-  Without this, every child forked from the process server inherits the server's
-  torch generator, so all rollout workers sampled actions from one and the same
-  stream, whatever --seed said;
-- a run resumed from a checkpoint, or a rollout worker restarted after a crash,
-  goes on with fresh episodes and fresh noise instead of replaying the ones its
-  predecessor had;
-- the ranks of a torchrun launch (fastrl.plumbing.ranks) step different episodes:
-  each rank's children draw from seeds of their own, rank 0's being those of a run
-  of one, so that adding ranks adds experience rather than copies of it. The
-  initial weights are not among them: the runner seeds those with --seed alone, so
-  every rank builds the same ones (and the learners start from rank 0's all the same).
-
-numpy's SeedSequence hashes its inputs, so neighbouring inputs (seed 0 and 1, env 5
-and 6) give unrelated seeds rather than overlapping ranges of them.
-Seeds fit in 31 bits: some envs hand theirs to a C engine that takes an int.
+Each child gets its own seed from (--seed, its name, the run's start frame, its
+restart count, its torchrun rank), which its torch sampling and envs draw from. So
+runs with different seeds differ in everything random (forked children would
+otherwise share the process server's generator), a resumed run or restarted worker
+meets fresh episodes, and ranks add experience rather than copies. Initial weights
+use --seed alone, so every rank builds the same ones. SeedSequence hashes its inputs,
+so neighbouring inputs give unrelated seeds; seeds fit in 31 bits for C engines.
 """
 from __future__ import annotations
 
@@ -43,10 +28,9 @@ def derive_seed(parent: int, *keys: int) -> int:
 
 
 def process_seed(run_seed: int, name: str, start_frames: int, incarnation: int, rank: int = 0) -> int:
-    """The seed of child process `name` ("rollout-worker 3") started for the
-    `incarnation`-th time (0 first) on torchrun rank `rank` in a run of --seed
-    `run_seed` that starts (or resumes) at env frame `start_frames`. Rank 0 takes the
-    seeds a run without torchrun takes."""
+    """The seed of child `name` started for the `incarnation`-th time (0 first) on
+    `rank`, in a run of `run_seed` starting at env frame `start_frames`. Rank 0 gets
+    what a run without torchrun gets."""
     keys = (zlib.crc32(name.encode()), start_frames, incarnation) + ((rank,) if rank else ())
     return derive_seed(run_seed, *keys)
 
@@ -63,7 +47,6 @@ def episode_seed(seed_of_env: int, episode: int) -> int:
 
 
 def steps_into_episode_seed(seed_of_env: int) -> int:
-    """The seed of the number of steps the env made with `seed_of_env` takes into its
-    first episode (--decorrelate_envs): a stream of its own, not the one the env's
-    action space samples the steps' random actions from (seeded with `seed_of_env`)."""
+    """The seed of how many steps --decorrelate_envs takes into the first episode: a
+    stream apart from the env's own, which its random actions come from."""
     return derive_seed(seed_of_env, 2)
