@@ -1,32 +1,18 @@
 """Freeing a faster-fifo queue whose lock a killed or hung process holds.
 
-faster-fifo (1.5) guards each queue with a process-shared pthread mutex that is
-not robust: a process killed inside a put or get (each holds the lock a few
-microseconds) leaves it locked for good, and every later put or get on that
-queue waits for it forever, non-blocking ones included, inside C where no signal
-handler runs. The runner reads the episode queue at every poll and would be the
-first to hang, and its supervision with it (earlier chaos runs put it at about
-one kill in a thousand).
+faster-fifo guards each queue with a non-robust process-shared mutex: a process
+killed inside a put or get leaves it locked for good, and every later put or get
+waits forever inside C, the runner's included.
 
-A watch in the runner looks at every queue's lock once a second. A lock held,
-on two looks in a row, by a thread that no longer exists is set free, and its
-queue left as it would be had its holder died just outside the lock: a message
-it was writing is dropped (faster-fifo writes and counts a message's size before
-its body, so a half-written one shows as a size with no body behind it), those
-it had read stay read, and the count of messages is taken again. Releasing the
-lock then wakes one process waiting for it. The alternative, rebuilding every
-queue and re-sending what was in them, would need every process to swap queues
-mid-run; freeing the lock in place keeps each queue and costs the one message a
-killed writer had not finished, which its death would have cost anyway.
+A watch thread in the runner looks at every queue's lock once a second. A lock held
+on two looks by a thread that no longer exists is released, and the queue repaired
+as if its holder died just outside the lock (a half-written message is dropped).
+That keeps every queue in place, where rebuilding them would need every process to
+swap queues mid-run. A process of the run holding a lock longer than `hung_s` is
+hung inside it (SIGSTOP, a debugger): the watch kills it and frees the lock later.
 
-A process of the run that holds a lock for longer than a worker may stay silent
-is hung inside it (stopped, say: a chaos test's SIGSTOP, a debugger) and holds
-everyone else, the runner's supervision too, for as long: the watch kills it,
-and frees its lock at a later look.
-
-What this reads is glibc's pthread_mutex_t on 64-bit Linux and faster-fifo 1.5's
-struct Queue (cpp_lib/faster_fifo.cpp). A queue whose header does not read back
-the sizes it was made with is not watched: there the hazard stays as it was.
+This reads glibc's 64-bit pthread_mutex_t and faster-fifo 1.5's struct Queue; a queue
+whose header does not read back its own sizes is not watched.
 """
 from __future__ import annotations
 
@@ -69,8 +55,7 @@ def queue_header(q) -> Optional[_QueueHeader]:
 
 
 def thread_alive(tid: int) -> bool:
-    """Whether thread (or process) `tid` exists and has not exited; /proc has an
-    entry for every thread id, listed or not."""
+    """Whether thread (or process) `tid` exists and has not exited."""
     try:
         with open(f"/proc/{tid}/stat", "rb") as fh:
             stat = fh.read()
@@ -103,9 +88,8 @@ def _read(buffer, at: int, n: int) -> bytes:
 
 
 def repair(header: _QueueHeader, buffer) -> int:
-    """Make the queue whole again while its lock is held by a dead process: walk its
-    messages from the head and cut off at the tail whatever is not a whole message.
-    Returns the bytes cut off (a size prefix whose body was never written)."""
+    """Cut the queue, whose lock a dead process holds, back to its last whole message;
+    returns the bytes cut (a size prefix whose body was never written)."""
     at, left, count = header.head, header.size, 0
     while left >= SIZE_BYTES:
         body = int.from_bytes(_read(buffer, at, SIZE_BYTES), sys.byteorder)
@@ -121,9 +105,8 @@ def repair(header: _QueueHeader, buffer) -> int:
 
 
 def free(q, header: _QueueHeader) -> int:
-    """Repair `q` and release its lock, which a dead thread holds; returns the bytes
-    of the half-written message dropped. glibc releases a plain (not error-checking)
-    mutex for any caller, and wakes one waiter."""
+    """Repair `q` and release its lock, held by a dead thread; returns the bytes
+    dropped. glibc unlocks a plain mutex for any caller."""
     cut = repair(header, q.shared_memory)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.pthread_mutex_unlock(ctypes.byref(header.mutex))
@@ -131,9 +114,9 @@ def free(q, header: _QueueHeader) -> int:
 
 
 class QueueLockWatch:
-    """Every `every_s` seconds, free any of `queues` (name -> queue) whose lock was
-    held by the same dead thread at the look before, kill a process of this one's
-    that has held one for more than `hung_s`, and tell `say` what was done."""
+    """Every `every_s`, free any queue whose lock the same dead thread held at the last
+    look, kill a child of this process that has held one for over `hung_s`, and tell
+    `say` what was done."""
 
     def __init__(self, queues: Dict[str, object], say: Callable[[str], None], hung_s: float, every_s: float = 1.0):
         self.headers = {name: (q, h) for name, q in queues.items() if (h := queue_header(q)) is not None}
@@ -162,8 +145,7 @@ class QueueLockWatch:
         return freed
 
     def _kill_hung(self, name: str, tid: int) -> None:
-        """SIGKILL the process of `tid` if it is one of this process's own; a later
-        look then frees the lock it held."""
+        """SIGKILL the process of `tid` if it is a child of this one; a later look frees its lock."""
         import psutil
 
         pid = process_of(tid)
