@@ -1,17 +1,10 @@
-"""Where this process stands among the ranks of a torchrun launch, the share of the
-machine it takes, and the counters the ranks add up to.
+"""Where this process stands among the ranks of a torchrun launch, its share of the
+machine, and the counters the ranks add up to.
 
-`torchrun --nproc_per_node N -m fastrl.train ...` starts N copies of the command and
-tells each which it is through environment variables (RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; TORCHELASTIC_RESTART_COUNT once it has
-restarted them). Each rank is a whole fastrl run, its own runner, rollout workers,
-inference and learner; only the learners talk to each other
-(`fastrl.plumbing.collectives`). Without those variables, or with a WORLD_SIZE of 1,
-a run is what it always was.
-
-Ranks on one machine split its cores (`claim_cores`) instead of each planning for
-all of them: N planners that each count every core would start N times the processes
-the machine has cores for, and each would time its costs against the others' load.
+Each torchrun rank is a whole fastrl run; only the learners talk to each other
+(fastrl.plumbing.collectives). Without torchrun's variables, or with WORLD_SIZE 1, a
+run is a run of one. Ranks on one machine split its cores (`claim_cores`) rather than
+each planning for all of them.
 """
 from __future__ import annotations
 
@@ -95,13 +88,9 @@ def _physical_cores(cpus: List[int], sys_cpu: str = _SYS_CPU) -> List[List[int]]
 
 
 def core_share(cpus: List[int], physical: List[List[int]], local_rank: int, local_world_size: int) -> List[int]:
-    """The cpus of `cpus` (grouped by physical core in `physical`) that local rank
-    `local_rank` of `local_world_size` takes: whole physical cores where there are
-    enough, so that two ranks never share one through its hyperthreads (Linux often
-    numbers a core's siblings N apart, so contiguous cpu numbers would pair them up);
-    single cpus where there are fewer cores than ranks; and one cpu shared round-robin
-    where there are fewer cpus than ranks. Counts that do not divide evenly give the
-    later ranks one more."""
+    """The cpus local rank `local_rank` of `local_world_size` takes: whole physical
+    cores where there are enough, so two ranks never share a core's hyperthreads;
+    else single cpus; else one cpu round-robin. Uneven counts give later ranks more."""
     n = local_world_size
     if len(physical) >= n:
         mine = physical[local_rank * len(physical) // n:(local_rank + 1) * len(physical) // n]
@@ -112,18 +101,15 @@ def core_share(cpus: List[int], physical: List[List[int]], local_rank: int, loca
 
 
 def rank_cpus(local_rank: int, local_world_size: int) -> List[int]:
-    """The cpus, of those this process may use, that local rank `local_rank` of
-    `local_world_size` takes (`core_share` over this machine's physical cores)."""
+    """This process's usable cpus that local rank `local_rank` takes (`core_share`)."""
     cpus = sorted(os.sched_getaffinity(0))
     return core_share(cpus, _physical_cores(cpus), local_rank, local_world_size)
 
 
 def claim_cores(rank: Rank) -> Optional[List[int]]:
-    """Confine this process, and every process it starts from now on, to its rank's
-    share of the cores it may use, so that the planner's `usable_cores()` counts that
-    share. Returns the cpus claimed, or None when this is the only rank on the machine
-    (or affinity cannot be set). Call it before the process server starts: children
-    inherit the affinity of the process they are forked from."""
+    """Confine this process and its future children to its rank's share of the cores,
+    so the planner counts that share; call before the process server starts. Returns
+    the cpus claimed, or None for the only rank on the machine or where unsupported."""
     if rank.local_world_size <= 1 or not hasattr(os, "sched_setaffinity"):
         return None
     share = rank_cpus(rank.local_rank, rank.local_world_size)
@@ -137,8 +123,7 @@ def claim_cores(rank: Rank) -> Optional[List[int]]:
 # --------------------------------------------------------------------------------------
 # What the ranks add up to
 
-# Each counter the ranks sum, and the stats-board rows (by name prefix) it is summed
-# from on each rank.
+# Each counter the ranks sum, and the stats-board row prefix it is summed from.
 SUMMED = {
     "env_frames": "rollout_",
     "episodes": "runner",
@@ -150,11 +135,9 @@ SUMMED = {
 
 
 class RunTotals:
-    """The run's counters summed over every rank, and whether a rank asked the run to
-    stop: shared memory that a rank's learner writes after each agreement with the
-    other ranks (once per batch) and its runner and evaluator read.
-
-    In a run of one there are no other ranks, and `count` reads the stats board."""
+    """The run's counters summed over every rank and whether the ranks agreed to stop,
+    in shared memory: the learner writes after each agreement, the runner and
+    evaluator read. In a run of one, `run_count` reads the stats board instead."""
 
     def __init__(self):
         import torch  # here, not at the top: train.py reads the rank before torch is imported
@@ -183,6 +166,5 @@ def local_counts(board) -> torch.Tensor:
 
 
 def run_count(board, totals: Optional[RunTotals], field: str) -> float:
-    """A SUMMED counter of the whole run: every rank's (as of the latest agreement) with
-    `totals`, this process's board without."""
+    """A SUMMED counter of the whole run: from `totals` in a multi-rank run, else the board."""
     return totals.get(field) if totals is not None else board.total(field, SUMMED[field])

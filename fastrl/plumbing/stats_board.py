@@ -1,9 +1,5 @@
-"""A shared table of counters: one row per process, one column per measure.
-
-Each process writes only its own row, so no lock is needed: readers may see a
-row mid-update, which for monotonic counters read a few times a second is an
-error of one step at most.
-"""
+"""A shared table of counters, one row per process. Each process writes only its own
+row, so no lock: a reader may see a row mid-update, an error of one step at most."""
 from __future__ import annotations
 
 import time
@@ -39,16 +35,13 @@ _COL = {name: i for i, name in enumerate(FIELDS)}
 
 
 def learner_row(policy: int) -> str:
-    """The board row of policy `policy`'s learner: 'learner' for the first (the only
-    one in a run of one policy), 'learner_<k>' for the others, so that a counter
-    summed over the rows that start with 'learner' counts every policy's."""
+    """'learner' for policy 0, 'learner_<k>' for the others, so summing rows that start
+    with 'learner' counts every policy's."""
     return "learner" if policy == 0 else f"learner_{policy}"
 
 
 def per_second(amount: float, seconds: float) -> float:
-    """A rate from two readings of a counter: `amount` gained over `seconds`. A span of
-    no length (the first report, a run that ended at once) reads as a tiny one rather
-    than a division by zero."""
+    """`amount` gained over `seconds`; a zero-length span reads as a tiny one."""
     return amount / max(seconds, 1e-9)
 
 
