@@ -3,11 +3,7 @@
 The start-up profile times the learner eagerly: compiling takes tens of seconds,
 far past the profile's budget of a few. But a learner that compiles (see
 fastrl/learning/compiled.py) runs most of a long run at a fraction of that cost,
-and a plan sized for the eager learner then starves it: doom_defend_the_center
-planned 1 rollout worker x 16 envs, learner-bound by 0.4% at eager costs, and its
-learner then ran at 0.71x of them with the one worker as the bottleneck, where
-2 x 32 envs was predicted 1.23x faster at the compiled cost
-(benchmarks/README.md, sixteenth session).
+and a plan sized for the eager learner then starves it of actors.
 
 So every run that decides its compile remembers, per machine and setup as the
 profile is, the ratio of the step it kept to eager's (1.0 when it stayed eager),
@@ -15,7 +11,8 @@ and the next run's plan takes the learner's costs at that ratio. It also keeps t
 last few ratios the runs measured, whichever step they kept: the next run's
 learner judges its own timing together with them (PRIOR_RUNS in
 fastrl/learning/compiled.py). A setup's first run on a machine plans from eager
-costs and judges on its own timing alone, as before.
+costs and judges on its own timing alone. A judgement made while other programs
+took the cores is not kept (the runner checks).
 """
 from __future__ import annotations
 

@@ -1,19 +1,16 @@
 """`--precision auto`: the arithmetic of the image encoders, chosen by timing it here.
 
 bf16 halves the bytes a convolution moves, but it is only as fast as this CPU's
-kernels for it, and no CPU flag says how fast those are: on an Intel Xeon with
-AVX512-BF16, bf16 took 1.5x fp32's time (a forward at 32 samples 528 us a sample
-against 332 us; the learner's step at 1024 samples 1,236 us against 875 us),
-while on an AMD EPYC with the same flag bf16 was the faster. So auto times both
-on this machine, the actors' forward and the learner's gradient step, and picks
-the faster for each role apart.
+kernels for it, and no CPU flag says how fast those are: two x86 CPUs with the same
+AVX512-BF16 flag rank bf16 and fp32 opposite ways. So auto times both on this
+machine, the actors' forward and the learner's gradient step, and picks the faster
+for each role apart.
 
 Where the CPU has no bf16 instructions at all, oneDNN emulates bf16, slower than
 fp32 every time: fp32, without measuring. On a GPU run auto times both on the GPU,
 in wall time: the learner's step at the run's own minibatch and the forward at a
-GPU policy worker's batch sizes (on an H200 the Doom model's bf16 took 1.09x
-fp32's time learning and 1.07x acting: kernels this small gain nothing from
-halving their bytes). Local actors on such a machine take the GPU's choice for
+GPU policy worker's batch sizes (kernels as small as the Doom model's gain little
+from halving their bytes). Local actors on such a machine take the GPU's choice for
 acting; the planner puts inference on the GPU there. A model without an image
 encoder has nothing that --precision changes.
 
@@ -23,8 +20,8 @@ and `resolve_precision` in enjoy. Its measurement is cached per machine and setu
 like the planner's profile but apart from it, so that a run with --plan off
 decides the same way; the profile then takes the chosen arithmetic's timings
 from it (OneThreadCosts) rather than time the same forwards again. A measurement
-that hit its wall-clock cap was taken on a busy machine (its ratio read 1.00x
-once where a quiet minute reads 0.78x): it decides this run, and is not cached.
+taken on a busy machine (it hit its wall-clock cap, or other programs took the
+cores) decides this run and is not cached.
 """
 from __future__ import annotations
 
@@ -57,9 +54,7 @@ from fastrl.tuning.profiling import (
 # ~4 CPU seconds, once per machine and model.
 MEASURE_SECONDS = 0.5
 # Wall seconds the measurement may take whatever the load, model building
-# included: ~4.9 s on a quiet 2-core AMD EPYC for the Doom model, 6.3 s niced
-# beside a training run (its calls run on one thread, which a busy machine slows
-# only by the share of a core it takes).
+# included: about twice what the Doom model takes on a quiet 2-core machine.
 MEASURE_CAP_S = 10.0
 # bf16 must save at least this share of fp32's time: fp32 is the exact arithmetic,
 # and repeated measurements of one model on a busy 2-core machine spread by ~3%.

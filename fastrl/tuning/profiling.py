@@ -506,9 +506,9 @@ VECTOR_EXTENSIONS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's name (x86's model name, or an ARM board's Hardware or Model line),
     and on x86 its family, model and best vector extension: a cloud VM's CPU is
-    often named only "AMD EPYC" or "Intel Xeon", and under one such name this
-    project has met a Zen 3 without bf16 and a Zen 4 with it, which rank bf16 and
-    fp32 the opposite way. Measurements cached under the name must not cross."""
+    often named by its brand alone, and one brand name covers generations with and
+    without bf16, which rank bf16 and fp32 the opposite way. Measurements cached
+    under the name must not cross."""
     fields: dict = {}
     try:
         with open(cpuinfo) as fh:
@@ -556,13 +556,10 @@ DEVICE_FORWARD_BATCHES = (16, 64, 256, 1024)
 # shared-memory writes and the episode bookkeeping (~4 us measured on CartPole).
 WORKER_OVERHEAD_S = 4e-6
 # The learner's step is timed on this many trajectories (256 samples at rollout
-# 32), since a Doom minibatch of 1024 takes a second a step. A small step
+# 32), since a Doom minibatch of 1024 takes a second a step. A smaller step
 # understates bf16's gain, as the costs it does not change (Adam, the GRU's loop
-# over time) weigh more in it: on this project's AMD EPYC bf16 took 0.86x fp32's
-# time at 64 samples, 0.72x at 256 and 0.63x at 1024. At 64 samples, on a loaded
-# machine, one run measured 0.95x and chose fp32 for a learner that bf16 makes
-# 1.6x faster. --precision auto times the step on as many, so that the profile
-# can take its timings (OneThreadCosts).
+# over time) weigh more in it. --precision auto times the step on as many, so that
+# the profile can take its timings (OneThreadCosts).
 PROFILE_TRAJECTORIES = 8
 ENV_CHUNKS = 4  # timed slices of the env profile, of which the median counts
 MIN_STEPS_PER_CHUNK = 10
