@@ -1,23 +1,13 @@
 """A caching allocator for the CPU learner's large tensors.
 
-Every learner step allocates the same large tensors (a Doom batch's activations
-and their gradients, tens of MB each) and frees them at its end. glibc serves
-allocations past its mmap threshold (at most 32 MB) with a fresh mmap and unmaps
-them on free, and trims the heap's free top, so each step's tensors land on new
-pages that the kernel must zero: the learner spent a quarter of its CPU in the
-kernel (benchmarks/README.md, seventh session), and its private memory swung by
-hundreds of MB from one minute to the next (the 2-hour soak). Telling glibc never
-to mmap made the heap grow without bound instead.
-
-This allocator (caching_allocator.cpp) sits in front of torch's own: blocks of at
-least `min_bytes`, rounded to whole pages, are kept when freed, up to
-`max_cached_bytes` in all, and handed out again to the next request of the same
-size, which in a training loop is the next step's. Blocks of a size no longer
-asked for make room for the newest, so a change of shapes cannot fill it for
-good. It is C++ because torch calls its allocator from C++; it needs only c10's
-headers and library, so it builds in a few seconds with the machine's C++
-compiler (which --compile_learner needs anyway), once per torch version, cached
-under ~/.cache/fastrl/allocator.
+Every learner step allocates and frees the same large tensors. glibc serves them with
+fresh mmaps and unmaps them on free, so each step lands on new pages the kernel must
+zero, and the learner's memory swings widely; telling glibc never to mmap grows the
+heap without bound instead. This allocator (caching_allocator.cpp) sits in front of
+torch's: blocks of at least `min_bytes` are kept when freed, up to `max_cached_bytes`,
+and reused for the next request of the same size; sizes no longer asked for make
+room for new ones. C++ because torch calls its allocator from C++; built once per torch
+version with the machine's compiler and cached under ~/.cache/fastrl/allocator.
 """
 from __future__ import annotations
 
@@ -37,8 +27,7 @@ from fastrl.plumbing.files import user_cache
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "caching_allocator.cpp")
 BUILD_TIMEOUT_S = 120.0
 MIN_BYTES = 1 << 20  # smaller blocks glibc serves from its heap, reused without the kernel
-# What a learner's cache may hold, whatever its batch: an eighth of the machine's
-# memory, at most 4 GiB. doom_battle's learner (batch 1024) keeps 150-500 MB.
+# What a learner's cache may hold, whatever its batch: an eighth of memory, at most this.
 MAX_CACHE_BYTES = 4 << 30
 STAT_FIELDS = ("reused", "allocated", "returned", "cached_bytes", "live")
 
@@ -69,8 +58,7 @@ def _build(path: str, compiler: str) -> None:
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
     lib_dir = os.path.join(torch_dir, "lib")
-    # Built beside its final name and renamed into place, so that two processes
-    # building at once (two ranks) never load a half-written library.
+    # Built beside its final name and renamed in, so concurrent builds never load half a file.
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
@@ -113,24 +101,21 @@ def _load() -> ctypes.CDLL:
 
 
 def install(max_cached_bytes: int, min_bytes: int = MIN_BYTES) -> None:
-    """Make this process's torch CPU tensors of `min_bytes` or more come from the
-    cache (raises AllocatorUnavailable, one sentence, when it cannot be built).
-    Calling it again only changes the two limits; 0 cached bytes is torch's own
-    behaviour. Call it from one thread."""
+    """Serve this process's torch CPU tensors of `min_bytes` or more from the cache
+    (AllocatorUnavailable if it cannot be built). Calling again changes the limits;
+    0 cached bytes is torch's own behaviour. Call from one thread."""
     _load().fastrl_install_caching_allocator(int(min_bytes), int(max_cached_bytes))
 
 
 def stats() -> dict:
-    """Counts since install(): blocks reused, newly allocated and returned to the
-    system, the bytes cached now and the blocks handed out and not yet freed."""
+    """Counts since install(): blocks reused, allocated and returned, bytes cached, live blocks."""
     out = (ctypes.c_size_t * len(STAT_FIELDS))()
     _load().fastrl_caching_allocator_stats(out)
     return dict(zip(STAT_FIELDS, (int(v) for v in out)))
 
 
 def wanted(allocator: str, device_type: str) -> bool:
-    """Whether a learner with --learner_allocator `allocator` on `device_type` uses
-    the cache (a CUDA learner's tensors have torch's CUDA caching allocator)."""
+    """Whether the learner uses the cache: CPU only, CUDA has torch's own."""
     return allocator == "caching" and device_type == "cpu"
 
 
@@ -140,10 +125,8 @@ def learner_cache_bytes() -> int:
 
 @contextlib.contextmanager
 def learner_memory(allocator: str, device: str = "cpu"):
-    """For a block that times the learner's step (the planner's profile, --precision
-    auto, the bench): its memory as the learner will have it, the cache on where
-    the learner uses it, then emptied. Where it cannot be built, the learner runs
-    with torch's own allocator, and so does the block."""
+    """Around a block that times the learner's step: the cache installed where the
+    learner would use it, then emptied."""
     import torch
 
     use = wanted(allocator, torch.device(device).type)
