@@ -1,8 +1,6 @@
-"""Small files that are always whole: config.json, plan.json, summary.json, the
-cached profiles, a bench report. A reader (a resumed run, enjoy, a script polling
-summary.json as a run ends) finds the old file or the new one, never half of one.
-And whether a path can be written at all, asked before a command starts work
-whose result would go there; and where fastrl keeps what outlives a run."""
+"""Small files that are always whole (config.json, plan.json, summary.json, cached
+profiles): a reader finds the old file or the new one, never half. Also whether a path
+can be written, and where fastrl keeps what outlives a run."""
 from __future__ import annotations
 
 import contextlib
@@ -13,14 +11,9 @@ from typing import Optional
 
 
 def write_json(path: str, data, **dump_options) -> None:
-    """json.dump `data` into `path` atomically: into a temporary file beside it,
-    then renamed over it (atomic on POSIX).
-
-    The temporary name carries the pid, so two processes writing one path (two
-    runs caching the same profile) cannot write into each other's file. Unlike a
-    checkpoint (learning/checkpoint.py) nothing is fsynced: a power cut may lose
-    the newest of these files, which the next run writes again, and a run should
-    not wait on the disk for them."""
+    """json.dump `data` into `path` atomically (a temp file named by pid, renamed over
+    it). Not fsynced, unlike checkpoints: a power cut may lose the newest of these
+    files, which the next run rewrites, and a run should not wait on the disk."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as fh:
@@ -39,14 +32,9 @@ def user_cache(name: str) -> str:
 
 
 def cannot_write(path: str, folder: bool = False) -> Optional[str]:
-    """Why `path` cannot be written, or None when it can: a file to create or
-    replace, or with folder=True a folder to create or to write in, missing parent
-    folders included.
-
-    Found out by doing it, since os.access cannot tell: it says yes to root for
-    /proc and /sys, and knows nothing of read-only mounts or over-long names. The
-    missing folders are made and removed again, and a temporary file is made and
-    removed in the folder that will hold `path`, so nothing is left either way."""
+    """Why `path` cannot be written, or None: a file, or with folder=True a folder,
+    missing parents included. Found out by trying (os.access is wrong for root on
+    /proc and knows nothing of read-only mounts); whatever is made is removed again."""
     path = os.path.abspath(path)
     holder = path if folder else os.path.dirname(path)
     if not folder and os.path.isdir(path):

@@ -1,10 +1,6 @@
-"""Each policy's hyperparameters as population-based training sets them, in shared
-memory: the runner writes a policy's new values (and, when it is to take another
-policy's weights, which one), its learner takes them before its next batch.
-
-Lock-free like the parameters (fastrl/plumbing/params.py): one writer, the runner,
-and a per-policy sequence counter, odd while it writes, so that a learner never
-takes half of one change and half of the next."""
+"""Each policy's PBT hyperparameters in shared memory: the runner writes a policy's new
+values (and maybe whose weights to take), its learner takes them before its next batch.
+Lock-free like the parameters (plumbing/params.py): one writer and a sequence counter."""
 from __future__ import annotations
 
 import time
