@@ -1,17 +1,6 @@
-"""GPU-only accelerations of the data path, each with a CPU fallback.
-
-- `staging`: `BatchStager`, host-to-device batch copies through reusable pinned
-  memory on a side stream, so the learner's next batch uploads while it trains.
-- `graphs`: `GraphedPolicy` / `make_policy_runner`, policy inference replayed from
-  CUDA graphs at a ladder of padded batch sizes.
-- `ipc`: `device_param_buffer` / `copy_and_wait`, a parameter tensor shared between
-  processes (CUDA IPC on a GPU, shared memory on a CPU).
-- `timing`: `DeviceClock`, the GPU's own time for spans of a process's work (CUDA
-  events read once they fired), for the stats board and `fastrl.bench`.
-
-Every module imports on a CPU-only torch build; callers ask `cuda_available()` (or
-use the `for_device` / `make_policy_runner` factories, which ask it for them) and
-fall back to the plain CPU path.
+"""GPU-only accelerations of the data path, each with a CPU fallback: pinned-memory
+batch staging (`staging`), CUDA-graph inference (`graphs`), parameters shared by CUDA
+IPC (`ipc`) and GPU-side timing (`timing`). Every module imports on a CPU-only torch.
 """
 
 import torch

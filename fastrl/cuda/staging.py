@@ -1,30 +1,12 @@
-"""Moving the learner's batches to its device without stalling its compute.
+"""Moving the learner's batches to its device while it trains the previous one:
+`start` copies into pinned memory and uploads on a side stream, `finish` makes the
+compute stream wait for that upload only.
 
-The learner gathers a batch out of shared memory on the host, then trains on it. On
-a GPU the upload is split in two so that batch k+1 travels while batch k trains:
-
-    handle = stager.start(next_batch)    # host copy into pinned memory, async upload
-    batch = stager.finish(handle)        # compute stream waits for the upload only
-
-Why pinned memory: a copy from pageable memory is staged by the driver through its
-own pinned bounce buffer and blocks the host, so `non_blocking=True` would not hold.
-Pinning is expensive (page locking, about a millisecond per MB), so each batch key
-gets one pinned block, reused and only ever grown: most of a batch keeps its shape
-from batch to batch (the config fixes it), but the truncated steps' final
-observations change rows every batch, and re-pinning for them would cost more than
-their copy. A staged tensor keeps its source's memory layout (channels-last images
-stay channels-last), so the host copy is a straight memcpy and the model sees on
-the GPU what it sees on a CPU.
-
-Why a side stream: copies enqueued on the compute stream would wait behind the
-training kernels already queued there. On their own stream they run on the copy
-engine at the same time, and an event hands the result to the compute stream.
-
-On a CPU there is nothing to move, and `PassThroughStager` returns the batch itself.
-
-Given a clock (fastrl.cuda.timing), the stager reports each upload's device time
-as `h2d_s`: the pinned host copies all happen before the first upload is enqueued,
-so the span between its two events is the copy engine's alone.
+Pinned, because a pageable copy blocks the host; pinning is costly, so each batch
+key keeps one pinned block, reused and only grown. Staged tensors keep their
+source's layout (channels-last stays so). A side stream, because copies on the
+compute stream would queue behind its kernels. On a CPU `PassThroughStager` returns
+the batch itself. With a clock, each upload's device time goes to `h2d_s`.
 """
 
 from abc import ABC, abstractmethod
@@ -38,17 +20,13 @@ Batch = Dict[str, Any]  # {key: tensor or nested Batch}
 
 
 class BatchStager(ABC):
-    """Two-phase batch upload: `start` begins it, `finish` hands over the result.
-
-    A batch is a dict whose values are CPU tensors or dicts of the same form. Call
-    `finish` exactly once per handle, on the thread and stream that will use the
-    batch.
-    """
+    """Two-phase batch upload of a dict of CPU tensors (or nested dicts): `start`
+    begins it, `finish`, once per handle, hands over the result on the stream that
+    will use it."""
 
     @staticmethod
     def for_device(device, clock=None) -> "BatchStager":
-        """A pass-through stager for a CPU device, a `CudaStager` for a CUDA one
-        (reporting its uploads to `clock`, a DeviceClock, when given)."""
+        """PassThroughStager on a CPU, CudaStager (reporting to `clock`) on CUDA."""
         device = torch.device(device)
         if device.type == "cpu":
             return PassThroughStager()
@@ -83,14 +61,10 @@ class _Staged(NamedTuple):
 
 
 class CudaStager(BatchStager):
-    """Uploads through reusable pinned host buffers on a dedicated side stream.
-
-    One pinned block per batch key (nested keys form a path). A start overwrites
-    those buffers, so it first waits on the host for the previous start's copies to
-    finish reading them. One buffer set rather than two keeps pinned memory at one
-    batch: the learner gathers the next batch on the host between two starts, which
-    usually takes longer than the previous upload, so the wait is rarely felt.
-    """
+    """Uploads through reusable pinned host buffers on a side stream. A start first
+    waits for the previous start's copies, as it overwrites their buffers: one buffer
+    set keeps pinned memory at one batch, and the learner's gather between starts
+    usually outlasts the upload."""
 
     def __init__(self, device: torch.device, clock=None):
         self.device = torch.device(device)
@@ -106,8 +80,7 @@ class CudaStager(BatchStager):
         with torch.cuda.stream(self._stream):
             began = torch.cuda.Event(enable_timing=True)
             began.record(self._stream)
-            # Device memory is allocated here, on the side stream; `finish` tells the
-            # caching allocator about its use on the compute stream.
+            # Allocated on the side stream; `finish` records its use on the compute stream.
             device_batch = _to_device(pinned, self.device)
             copied = torch.cuda.Event(enable_timing=True)
             copied.record(self._stream)
@@ -119,9 +92,8 @@ class CudaStager(BatchStager):
     def finish(self, handle: _Staged) -> Batch:
         stream = torch.cuda.current_stream(self.device)
         stream.wait_event(handle.copied)
-        # Without record_stream the allocator would consider these blocks free as
-        # soon as their tensors die, judged by the side stream alone, and could hand
-        # them to the next upload while the compute stream still reads them.
+        # Without record_stream the allocator, judging by the side stream alone, could
+        # hand these blocks to the next upload while the compute stream still reads them.
         _record_stream(handle.batch, stream)
         return handle.batch
 
@@ -144,12 +116,11 @@ class CudaStager(BatchStager):
         nbytes = src.numel() * src.element_size()
         block = self._pinned.get(path)  # raw bytes, pinned
         if block is None or block.numel() < nbytes:
-            # Doubling bounds the re-pinning of a key whose rows vary to log2 of its largest size.
+            # Doubling bounds re-pinning of a key whose rows vary.
             grown = max(nbytes, 2 * block.numel()) if block is not None else nbytes
             block = torch.empty(grown, dtype=torch.uint8, pin_memory=True)
             self._pinned[path] = block
-        # empty_like keeps a dense tensor's strides (channels-last included) and makes
-        # anything else contiguous: the layout the pinned copy takes.
+        # empty_like keeps a dense tensor's strides (channels-last included), else contiguous.
         strides = torch.empty_like(src, device="meta").stride()
         buf = block[:nbytes].view(src.dtype).as_strided(src.shape, strides)
         buf.copy_(src)

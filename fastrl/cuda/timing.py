@@ -1,26 +1,10 @@
-"""How long the GPU spends on a process's work, without making the process wait for it.
+"""How long the GPU spends on a process's work, without making the process wait.
 
-A wall-clock timer around GPU work measures the host: kernel launches return at
-once, and the time lands wherever the host next waits (a `.cpu()`, a synchronize).
-CUDA events recorded on the stream before and after the work are stamped by the
-GPU itself when it reaches them, so their difference is the device's time for the
-span: from its first kernel starting to its last one ending. That includes gaps in
-which the GPU idled waiting for the host to launch the next kernel, so a span is an
-upper bound on the kernels' own busy time; reading exact busy time needs a profiler
-(CUPTI), too heavy to leave on during training.
-
-Reading an event's time before the GPU has reached it would block, so spans are
-kept pending and added to the stats board only once their end event has fired
-(`collect`, called once per loop). The counters therefore trail the work by a
-batch at most.
-
-    clock = DeviceClock.for_device(device, row)
-    with clock.span("gpu_s"):
-        train_on(batch)
-    clock.collect()
-
-On a CPU device `for_device` returns a clock whose spans cost nothing and record
-nothing: the board's wall-clock busy time already is the compute time there.
+A wall-clock timer around GPU work measures the host; CUDA events before and after
+the work are stamped by the GPU, so their difference is the device time of the span
+(an upper bound on busy time: it includes gaps waiting on the host). Spans are read
+only once their end event has fired (`collect`, once per loop), so the counters trail
+the work by a batch at most. On a CPU `for_device` returns a clock that records nothing.
 """
 
 from collections import deque
@@ -29,8 +13,7 @@ from typing import Deque, Tuple
 
 import torch
 
-# Pending spans kept before the oldest is read blocking: a process whose GPU work
-# never finishes is broken anyway, and the bound keeps the deque from growing.
+# Pending spans before the oldest is read blocking, so the deque stays bounded.
 MAX_PENDING = 64
 
 
