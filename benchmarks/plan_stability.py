@@ -35,7 +35,8 @@ def plan_once(train_args: list) -> dict:
 
     with tempfile.TemporaryDirectory() as train_dir:
         cfg.train_dir, cfg.restart = train_dir, True
-        _, plan, spec, *_ = prepare_experiment(cfg, extra.explicit)
+        prepared = prepare_experiment(cfg, extra.explicit)
+        plan, spec = prepared.plan, prepared.spec
     layout = {k: v for k, v in plan.options().items() if k != "num_buffers"}
     return {"layout": layout, "description": planner.describe(plan, spec.frameskip),
             "predicted_fps": plan.predicted["trained_steps_per_s"] * spec.frameskip}

@@ -362,8 +362,9 @@ def run_bench(cfg: Config, explicit: set, modes: list, seconds: float, warmup: f
     train_dir = tempfile.mkdtemp(prefix="fastrl-bench-")
     try:
         # Every check the trainer makes (unknown env, bad options) and its plan, before anything runs.
-        _, plan, spec, obs_space, action_space, *_, precision = prepare_experiment(
-            bench_config(cfg, train_dir, "plan", warmup, seconds), explicit)
+        prepared = prepare_experiment(bench_config(cfg, train_dir, "plan", warmup, seconds), explicit)
+        plan, spec, precision = prepared.plan, prepared.spec, prepared.precision
+        obs_space, action_space = prepared.obs_space, prepared.action_space
         # Planned once: every mode measures the same layout, and no run profiles again.
         cfg = dataclasses.replace(planner.apply(cfg, plan) if plan else cfg, plan="off")
         report = {"env": cfg.env, "frameskip": spec.frameskip, "modes": list(modes), "seconds": seconds,

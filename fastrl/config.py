@@ -744,8 +744,20 @@ def _explicit_options(argv: list, parser: argparse.ArgumentParser) -> set:
     return {flags[token.split("=", 1)[0]] for token in argv if token.split("=", 1)[0] in flags}
 
 
-def save_config(cfg: Config, path: str) -> None:
-    write_json(path, cfg.to_dict(), indent=2, sort_keys=True)
+def save_config(cfg: Config, path: str, origins: Optional[dict] = None) -> None:
+    """config.json: every option's value, and under "origins" where each value that
+    is not its default came from (readers of the options skip it)."""
+    write_json(path, {**cfg.to_dict(), **({"origins": origins} if origins is not None else {})}, indent=2,
+               sort_keys=True)
+
+
+def describe_origins(cfg: Config, origins: dict) -> str:
+    """The values that differ from their defaults, grouped by where they came from."""
+    by_source: dict = {}
+    for name, source in origins.items():
+        if name != "env":
+            by_source.setdefault(source, []).append(f"{name}={getattr(cfg, name)}")
+    return "; ".join(f"{source}: {', '.join(values)}" for source, values in by_source.items())
 
 
 # Options whose default has changed, with the value every version before the change

@@ -131,7 +131,7 @@ def test_a_fresh_models_normaliser_starts_from_the_envs_own_observations(tmp_pat
     from fastrl.runtime.runner import NORMALIZER_SEED_STEPS, first_observations, prepare_experiment
 
     cfg = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off", normalize_obs=True, num_policies=2)
-    models = prepare_experiment(cfg, {"normalize_obs"})[5]
+    models = prepare_experiment(cfg, {"normalize_obs"}).models
     # The same frames again, from an env made as the runner made its own.
     seen = first_observations(get_spec("CartPole-v1").make(seed=cfg.seed), NORMALIZER_SEED_STEPS)["obs"].double()
     for model in models:  # every policy's, and the actor's encoder and the critic's alike
@@ -145,15 +145,37 @@ def test_the_action_space_preset_is_applied_once_the_env_is_made_and_never_over_
     from fastrl.runtime.runner import prepare_experiment
 
     cfg = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off")
-    prepared = prepare_experiment(cfg, set())[0]
+    prepared = prepare_experiment(cfg, set()).cfg
     assert (prepared.lr, prepared.target_kl) == (1e-3, 0.01)
     given = Config(env="Pendulum-v1", train_dir=str(tmp_path), plan="off", lr=3e-4)
-    assert prepare_experiment(given, {"lr"})[0].lr == 3e-4  # --lr 3e-4 given: kept
+    assert prepare_experiment(given, {"lr"}).cfg.lr == 3e-4  # --lr 3e-4 given: kept
     discrete = Config(env="CartPole-v1", train_dir=str(tmp_path), plan="off")
-    assert prepare_experiment(discrete, set())[0].lr == 2e-3
+    assert prepare_experiment(discrete, set()).cfg.lr == 2e-3
     # CartPole's observation is a vector, as the env made it: the spaces' preset reaches it.
-    assert prepare_experiment(discrete, set())[0].vtrace_lambda == 0.95
-    assert prepare_experiment(discrete, {"vtrace_lambda"})[0].vtrace_lambda == 1.0  # given: kept
+    assert prepare_experiment(discrete, set()).cfg.vtrace_lambda == 0.95
+    assert prepare_experiment(discrete, {"vtrace_lambda"}).cfg.vtrace_lambda == 1.0  # given: kept
+
+
+def test_each_value_off_its_default_names_where_it_came_from(tmp_path):
+    import json
+
+    from fastrl.config import config_from_saved, describe_origins, save_config
+    from fastrl.runtime.runner import prepare_experiment
+
+    cfg = Config(env="Pendulum-v1", train_dir=str(tmp_path), lr=3e-4, seed=3)
+    prepared = prepare_experiment(cfg, {"env", "train_dir", "lr", "seed"})
+    origins = prepared.origins
+    assert {k: origins[k] for k in ("lr", "seed", "target_kl", "vtrace_lambda")} == {
+        "lr": "command line", "seed": "command line", "target_kl": "spaces preset", "vtrace_lambda": "spaces preset"}
+    planned = {k for k, v in origins.items() if v == "plan"}
+    assert planned and all(getattr(prepared.cfg, k) != getattr(Config(), k) for k in planned)
+    line = describe_origins(prepared.cfg, origins)
+    assert "command line: lr=0.0003, seed=3" in line and "spaces preset: target_kl=0.01, vtrace_lambda=0.95" in line
+    # config.json keeps them beside the options, and reading it back takes the options alone.
+    path = tmp_path / "config.json"
+    save_config(prepared.cfg, str(path), origins)
+    assert json.loads(path.read_text())["origins"] == origins
+    assert config_from_saved(json.loads(path.read_text())) == prepared.cfg
 
 
 @pytest.mark.parametrize("inference", ["local", "policy_worker"])

@@ -305,7 +305,7 @@ def test_a_cold_start_times_each_forward_once_and_either_cache_alone_still_works
         """{measurement: the keys it timed}, of one start-up's measurements."""
         for made in measurements.values():
             made.clear()
-        assert runner.prepare_experiment(config, set())[1] is not None  # a plan
+        assert runner.prepare_experiment(config, set()).plan is not None  # a plan
         assert all(len(made) <= 1 for made in measurements.values())
         return {name: set(made[0]) for name, made in measurements.items() if made}
 

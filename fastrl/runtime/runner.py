@@ -44,6 +44,7 @@ from fastrl.config import (
     Config,
     ConfigError,
     check_env_and_options,
+    describe_origins,
     env_failure,
     env_options,
     save_config,
@@ -80,7 +81,7 @@ from fastrl.plumbing.ranks import SOLO, Rank, RunTotals, run_count
 from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, learner_row, per_second
 from fastrl.plumbing.timeline import mark
-from fastrl.presets import preset_for_spaces
+from fastrl.presets import preset_for, preset_for_spaces
 from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.population import PopulationDriver
 from fastrl.runtime.sink import sink_main
@@ -268,8 +269,8 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         raise ConfigError(str(err)) from None
 
 
-# Observations the fresh models' normaliser starts from (--normalize_obs), taken from
-# the run's first env with random actions: ~0.1 s of Doom.
+# Observations the fresh models' normaliser starts from, taken from the run's first
+# env with random actions: ~0.1 s of Doom.
 NORMALIZER_SEED_STEPS = 64
 
 
@@ -286,24 +287,72 @@ def first_observations(env, steps: int) -> dict:
     return {k: torch.stack([o[k] for o in seen]) for k in seen[0]}
 
 
-def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
-    """Everything that can refuse the run, done before any process starts, the
-    precision and the plan. Returns (cfg with the action space's presets and the
-    plan applied, plan, spec, obs_space, action_space, models, checkpoint_states,
-    checkpoint_paths, precision), the last three lists with one entry per policy
-    (a state and path of None where a policy starts afresh);
-    cfg.precision stays as given (auto is decided again on the machine a resumed
-    run starts on, and config.json keeps it so). Nothing is written before the last
-    check: a refused run leaves the experiment as it found it, and --restart
-    deletes the old checkpoints only once the new run can start.
+@dataclasses.dataclass
+class PreparedRun:
+    """A run checked and decided before any process starts: its Config with the
+    presets and the plan applied, the env's spaces, the models (from the newest
+    checkpoints where it resumes), and where each value that differs from its
+    default came from."""
+    cfg: Config
+    plan: Optional[planner.Plan]
+    spec: object  # the env's registry entry (fastrl.envs.registry)
+    obs_space: object
+    action_space: object
+    precision: Precision
+    models: list  # one per policy
+    states: list  # each policy's checkpoint state, None where it starts afresh
+    paths: list  # and its path
+    origins: dict  # option -> "command line", "env preset", "saved run", "spaces preset" or "plan"
+
+
+def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> PreparedRun:
+    """Everything that can refuse the run, the precision and the plan, in the order
+    a run starts: options -> checkpoints -> env spaces -> presets -> precision ->
+    profile and plan -> models. Nothing is written before the last check: a refused
+    run leaves the experiment as it found it, and --restart deletes the old
+    checkpoints only once the new run can start. cfg.precision stays as given (auto
+    is decided again on the machine a resumed run starts on).
 
     Under torchrun each rank prepares its own run (its plan is for its share of the
     machine), rank 0 alone deletes old checkpoints, and --restart holds for the
     launch only: when torchrun restarts the ranks (--max_restarts) they resume from
     the newest checkpoint instead of starting over again."""
+    origins = dict.fromkeys(explicit, "command line")
+    origins.update({k: "env preset" for k in preset_for(cfg.env) if k not in explicit})
     if cfg.restart and rank.restarts:
         cfg = dataclasses.replace(cfg, restart=False)
     spec = check_env_and_options(cfg, writes=rank.main)
+    _check_experiment(cfg, rank)
+    states, paths = zip(*[_latest_checkpoint(cfg, k) for k in range(cfg.num_policies)])
+    cfg = _earlier_defaults(cfg, states[0], paths[0], explicit, origins)
+    env = _spec_env(cfg, spec)
+    try:
+        obs_space, action_space = env.observation_space, env.action_space
+        cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
+        # Decided before the plan, which profiles the model in it, and with
+        # --plan off too; once, here, for every process of the run.
+        precision, one_thread = decide_precision(cfg, obs_space, action_space)
+        mark("precision decided")
+        seed_obs = _normaliser_seed(cfg, env, states)
+        plan = make_plan(cfg, explicit, env, resuming=states[0] is not None, precision=precision,
+                         one_thread=one_thread, announce=rank.main)
+        mark("plan made")
+    finally:
+        env.close()
+    mark("spec env closed")
+    cfg = _apply_plan(cfg, plan, explicit, origins, rank)
+    models = _build_models(cfg, obs_space, action_space, states, paths, seed_obs)
+    ckpt_root = os.path.join(cfg.experiment_dir, "checkpoints")
+    if cfg.restart and rank.main and os.path.isdir(ckpt_root):
+        shutil.rmtree(ckpt_root)
+    defaults = Config(env=cfg.env)
+    origins = {k: v for k, v in sorted(origins.items()) if getattr(cfg, k) != getattr(defaults, k, None)}
+    return PreparedRun(cfg, plan, spec, obs_space, action_space, precision, models, list(states), list(paths),
+                       origins)
+
+
+def _check_experiment(cfg: Config, rank: Rank) -> None:
+    """Refuse what no run of this experiment folder can do, before reading it."""
     if rank.distributed and cfg.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.num_policies} is not supported under torchrun yet; train several "
                           "policies on one machine without torchrun, or one policy with it.")
@@ -313,62 +362,76 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
                           "move it away or choose another --experiment.")
     if not cfg.restart:
         _check_policy_count(cfg, ckpt_root)
-    states, paths = zip(*[_latest_checkpoint(cfg, k) for k in range(cfg.num_policies)])
-    state, path = states[0], paths[0]  # policy 0's: the run's frames and env
-    if state is not None and state.get("env") != cfg.env:
+
+
+def _earlier_defaults(cfg: Config, state: Optional[dict], path: Optional[str], explicit: set,
+                      origins: dict) -> Config:
+    """cfg for resuming from policy 0's checkpoint `state`: the same env, and the
+    values of options whose default changed since that checkpoint was written."""
+    if state is None:
+        return cfg
+    if state.get("env") != cfg.env:
         raise ConfigError(
             f"The checkpoint {path} was trained on {state.get('env')}, not {cfg.env}; "
             "pass --restart to start over or choose another --experiment.")
-    if state is not None:
-        # A checkpoint from before a default changed was trained with the old value.
-        older = {k: v for k, v in EARLIER_DEFAULTS.items() if k not in state.get("config", {}) and k not in explicit}
-        cfg = dataclasses.replace(cfg, **older)
-    # One env opened here: its spaces shape the buffers and the model, and the
-    # planner times its steps. With pinned rollout workers it is made on the core the
-    # planner times it on, so that its engine's process sits where a worker's would.
+    older = {k: v for k, v in EARLIER_DEFAULTS.items() if k not in state.get("config", {}) and k not in explicit}
+    origins.update(dict.fromkeys(older, "saved run"))
+    return dataclasses.replace(cfg, **older)
+
+
+def _spec_env(cfg: Config, spec):
+    """The one env start-up opens: its spaces shape the buffers and the model, and
+    the planner times its steps. With pinned rollout workers it is made on the core
+    the planner times it on, so that its engine's process sits where a worker's would."""
     with on_one_core(cfg.pin_workers):
         try:
             env = spec.make(seed=cfg.seed, **env_options(cfg))
         except Exception as err:  # noqa: BLE001 - the env's own failure, whatever it is (see env_failure)
             raise ConfigError(env_failure(cfg.env, err)) from None
     mark("spec env made")
+    return env
+
+
+def _spaces_presets(cfg: Config, obs_space, action_space, explicit: set, origins: dict) -> Config:
+    """cfg with the defaults the env's spaces bring (fastrl.presets), checked against them."""
+    from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space).items()
+                   if k not in explicit}
+    origins.update(dict.fromkeys(from_spaces, "spaces preset"))
+    cfg = dataclasses.replace(cfg, **from_spaces)
+    if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
+        raise ConfigError(f"--exploration_loss symmetric_kl needs discrete actions, but {cfg.env} has "
+                          f"{action_space}; use --exploration_loss entropy.")
+    return cfg
+
+
+def _normaliser_seed(cfg: Config, env, states) -> Optional[dict]:
+    """Observations a fresh model's normaliser starts from (--normalize_obs), so that
+    the first policy does not see every pixel clipped to one value; None where no
+    policy starts afresh or the env cannot step (the rollout workers will say so)."""
+    if not cfg.normalize_obs or all(state is not None for state in states):
+        return None
     try:
-        obs_space, action_space = env.observation_space, env.action_space
-        from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space).items()
-                       if k not in explicit}
-        cfg = dataclasses.replace(cfg, **from_spaces)
-        if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
-            raise ConfigError(f"--exploration_loss symmetric_kl needs discrete actions, but {cfg.env} has "
-                              f"{action_space}; use --exploration_loss entropy.")
-        # Decided before the plan, which profiles the model in it, and with
-        # --plan off too; once, here, for every process of the run.
-        precision, one_thread = decide_precision(cfg, obs_space, action_space)
-        mark("precision decided")
-        # A fresh model's normaliser starts from the env's own frames, not from mean 0
-        # and variance 1: with those the actors' first policy saw every pixel clipped
-        # to the same value, and the learner, which folds its first batch in before
-        # its first step, then judged that policy's actions by another input: the
-        # first step's approximate KL read 0.2-0.9 and warned of too high an lr.
-        seed_obs = None
-        if cfg.normalize_obs and any(state is None for state in states):
-            try:
-                seed_obs = first_observations(env, NORMALIZER_SEED_STEPS)
-            except Exception:  # noqa: BLE001 - an env that fails to step is the rollout workers' to report
-                seed_obs = None
-        plan = make_plan(cfg, explicit, env, resuming=state is not None, precision=precision, one_thread=one_thread,
-                         announce=rank.main)
-        mark("plan made")
-    finally:
-        env.close()
-    mark("spec env closed")
-    if plan is not None:
-        cfg = planner.apply(cfg, plan)
-        try:
-            validate(cfg, writes=rank.main)
-        except ConfigError as err:
-            raise ConfigError(f"The plan does not fit these options: {err}") from None
+        return first_observations(env, NORMALIZER_SEED_STEPS)
+    except Exception:  # noqa: BLE001 - an env that fails to step is the rollout workers' to report
+        return None
+
+
+def _apply_plan(cfg: Config, plan: Optional[planner.Plan], explicit: set, origins: dict, rank: Rank) -> Config:
+    if plan is None:
+        return cfg
+    origins.update({k: "plan" for k in plan.options() if k not in explicit})
+    cfg = planner.apply(cfg, plan)
+    try:
+        validate(cfg, writes=rank.main)
+    except ConfigError as err:
+        raise ConfigError(f"The plan does not fit these options: {err}") from None
+    return cfg
+
+
+def _build_models(cfg: Config, obs_space, action_space, states, paths, seed_obs: Optional[dict]) -> list:
+    """One model per policy, each with its own initial weights (the generator moves
+    on), loaded from its checkpoint where it has one."""
     torch.manual_seed(cfg.seed)
-    # One model per policy, each with its own initial weights (the generator moves on).
     models = [build_model(cfg, obs_space, action_space) for _ in range(cfg.num_policies)]
     for model, state, path in zip(models, states, paths):
         if state is None:
@@ -382,9 +445,7 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO):
             raise ConfigError(
                 f"The checkpoint {path} does not fit this model ({first}); use the same model options "
                 "as when it was trained, or pass --restart to start over.") from None
-    if cfg.restart and rank.main and os.path.isdir(ckpt_root):
-        shutil.rmtree(ckpt_root)
-    return cfg, plan, spec, obs_space, action_space, models, list(states), list(paths), precision
+    return models
 
 
 def _latest_checkpoint(cfg: Config, policy: int):
@@ -436,8 +497,10 @@ class Runner:
                  earlier: Optional[Earlier] = None, rank: Rank = SOLO):
         self.learn, self.rank = learn, rank
         self.earlier = earlier or Earlier()
-        (cfg, self.plan, self.spec, self.obs_space, self.action_space, models, states,
-         self.resume_paths, self.precision) = prepare_experiment(cfg, explicit or set(), rank)
+        prepared = prepare_experiment(cfg, explicit or set(), rank)
+        cfg, self.plan, self.spec, self.precision = prepared.cfg, prepared.plan, prepared.spec, prepared.precision
+        self.obs_space, self.action_space, self.resume_paths = prepared.obs_space, prepared.action_space, prepared.paths
+        self.origins, models, states = prepared.origins, prepared.models, prepared.states
         self.resume_path, state = self.resume_paths[0], states[0]  # policy 0's stands for the run
         # A plan made from this run's profile, whose prediction the run's rate can
         # correct; one read from a file may have been made on another machine.
@@ -445,7 +508,7 @@ class Runner:
         self.cfg = cfg
         if rank.main:
             os.makedirs(cfg.experiment_dir, exist_ok=True)
-            save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"))
+            save_config(cfg, os.path.join(cfg.experiment_dir, "config.json"), self.origins)
         if self.plan is not None and rank.main:
             planner.save(self.plan, cfg.experiment_dir)
             self.say(planner.describe(self.plan, self.spec.frameskip))
@@ -873,6 +936,8 @@ class Runner:
         try:
             self.start()
             self.say(self.startup_line())
+            if self.origins and self.rank.main:
+                self.say(f"options off their defaults, by source: {describe_origins(self.cfg, self.origins)}")
             signals.looping = True
             while True:
                 signals.raise_if_received()
