@@ -1,13 +1,7 @@
-"""Adapting the plan while training: when measured production and consumption
-drift apart, move what can change without a restart.
-
-Free-buffer throttling already matches production to consumption; what it
-cannot do is hand the cores it idles to the side that needs them. The lever
-here is the learner's thread count (torch.set_num_threads takes effect at the
-learner's next batch): rollout workers blocked on free buffers while the
-learner is busy mean the learner is the bottleneck and a core sits partly
-idle, so the learner gets another thread; a learner waiting for data means the
-workers need every core, so it gives one back.
+"""Adapting the plan while training. Free-buffer throttling matches production to
+consumption but cannot move idle cores to the side that needs them; this moves the
+learner's thread count: rollout workers blocked on free buffers while the learner is
+busy give it a thread, a learner waiting for data gives one back.
 """
 from __future__ import annotations
 

@@ -1,33 +1,15 @@
-"""Naming the bottleneck from where each component's time goes.
+"""Naming the bottleneck from each component's busy, waiting and communicating shares.
 
-Input: per component, the fractions of wall time it spent busy (computing),
-waiting (for work, for actions, or for a free buffer) and communicating (queue
-operations and copies in and out of shared memory), averaged over its processes.
+In a pipeline the limiting stage never waits while the stages around it wait on it:
+each component scores its active share (busy + comm) minus its waiting share, the
+highest is the bottleneck, and the sentence quotes the waiting of the stage it holds
+up as evidence. "balanced": the top two are both nearly always active with close
+scores. "latency-bound": nothing is active half its time, so round trips lose it.
 
-The rule: in a pipeline the limiting stage is the one that never waits while the
-stages around it wait on it. Each component scores its active share (busy plus
-communicating) minus its waiting share, and the highest score is the bottleneck.
-The sentence quotes the waiting of the stage it holds up, which is the evidence:
-the rollout workers for a learner (they wait for free buffers) or a policy worker
-(they wait for actions), the consumer for rollout workers (it waits for
-trajectories). Two special cases:
-- balanced: the two top components are both nearly always active and score
-  within a few percent of each other; neither holds the other up.
-- latency-bound: no component is active even half of its time, so the time is
-  lost in the round trips between them.
-On a GPU run the learner and the policy workers count as busy while they wait for
-their kernels, so when one of them is the bottleneck the GPU's own share (its
-device time per wall second) decides between it and the GPU: at GPU_BOUND or more
-the GPU is the bottleneck; below it, the learner or policy worker is held by its
-host work, and the sentence says so. When the rollout workers (or the sink) hold
-the run up, a full GPU does not: the H200 runs of the twenty-third session had the
-GPU's spans adding past 100% while 8 rollout workers were busy 98% and the policy
-worker and learner waited a quarter of their time. The spans overstate the GPU's
-own work anyway: each counts its kernels, the gaps between their launches and the
-time they queued behind another process's kernels.
-
-A pure function of numbers, so it is tested on hand-made fractions and reused on
-anything that fills the same dict (bench windows, the planner's predictions).
+On a GPU run the learner and policy workers count as busy while waiting for kernels,
+so when one of them tops the ranking the GPU's own share decides: at GPU_BOUND or
+more the GPU is the bottleneck, else that process's host work. A full GPU does not
+override rollout workers that hold the run up: the spans overstate the GPU's work.
 """
 from __future__ import annotations
 
@@ -57,7 +39,7 @@ _ROLES = {
     "learner": _Role("learner-bound", "the learner", "is", "training", "waits"),
     "sink": _Role("sink-bound", "the sink", "is", "freeing buffers", "waits"),
 }
-# whose waiting shows that a component holds the others up, in order of preference
+# Whose waiting shows that a component holds the others up, in order of preference.
 _EVIDENCE = {"rollout": ("learner", "sink", "policy"), "policy": ("rollout",), "learner": ("rollout",),
              "sink": ("rollout",)}
 
@@ -68,18 +50,10 @@ def _pct(x: float) -> str:
 
 def diagnose(fractions: dict, cores: Optional[float] = None, others_cores: Optional[float] = None,
              gpu_busy: Optional[float] = None) -> str:
-    """One sentence naming the bottleneck.
-
-    fractions: {component: {"busy": f, "wait": f, "comm": f, "count": n}} with
-    components among rollout, policy, learner, sink; a missing fraction counts as
-    0 and a missing count as 1 process. Without a "policy" entry the rollout
-    workers compute their own actions (local inference), and the sentence says so.
-    cores: if given and the components' active time adds up to more cores than
-    that, the sentence adds that the processes also compete for CPU.
-    others_cores: cores other programs on the machine used meanwhile; named when
-    they took a noticeable share, since then every rate is lower than it could be.
-    gpu_busy: on a GPU run, the GPU's device time per wall second (0-1).
-    """
+    """One sentence naming the bottleneck. fractions: {component: {"busy", "wait",
+    "comm", "count"}} for rollout, policy, learner, sink (no "policy": local
+    inference). cores and others_cores add CPU contention and other programs' use to
+    the sentence; gpu_busy is the GPU's device time per wall second on a GPU run."""
     unknown = set(fractions) - set(_ROLES)
     if unknown or not fractions:
         raise ValueError(f"fractions must name components among {sorted(_ROLES)}, got {sorted(fractions)}.")
