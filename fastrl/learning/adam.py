@@ -1,17 +1,8 @@
-"""Adam for the learner: torch's fused Adam kernel, called without torch.optim.
-
-Why not `torch.optim.Adam` itself: every method of a torch optimizer is wrapped
-to keep torch.compile out of it, and the first call of any of them imports
-torch._dynamo, 1.0-1.25 s of one core in a process that already has torch (AMD EPYC).
-The learner makes its optimizer before its first batch, so every run paid that
-before its first trained batch: most of what a CartPole run spends after its
-envs are stepping. And on a CPU torch.optim.Adam's default update walks the
-weights one tensor and one op at a time; its fused kernel makes one pass (the
-Doom model's step: benchmarks/optimizer_step.py).
-
-The arithmetic is the kernel `torch.optim.Adam(fused=True)` runs, and the state
-and `state_dict()` keep torch.optim.Adam's layout, so a checkpoint written by
-either loads in the other (tests/test_adam.py).
+"""Adam for the learner: torch's fused Adam kernel, called without torch.optim, whose
+wrapped methods import torch._dynamo on first call (a second before the first
+trained batch). The fused kernel also updates all weights in one pass, where the
+default CPU update goes one tensor and op at a time. The state and `state_dict()`
+keep torch.optim.Adam's layout, so checkpoints load either way (tests/test_adam.py).
 """
 from __future__ import annotations
 
@@ -23,10 +14,9 @@ BETAS = (0.9, 0.999)
 
 
 class FusedAdam:
-    """Adam (no weight decay, no AMSGrad) over one group of parameters, as the
-    learner uses it: `step`, `zero_grad`, `state_dict`, `load_state_dict`, and
-    `param_groups[0]["lr"]` and `state` for the code that changes the rate or
-    forgets the moments (population-based training)."""
+    """Adam (no weight decay, no AMSGrad) over one parameter group, with what the
+    learner uses: `step`, `zero_grad`, the state-dict pair, `param_groups[0]["lr"]`
+    and `state` (which PBT clears)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, eps: float = 1e-8, betas=BETAS):
         self.params = list(params)

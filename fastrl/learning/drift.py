@@ -1,9 +1,6 @@
-"""Warnings for a run whose learning is drifting somewhere it rarely comes back from.
-
-The learner's loss stats say why learning stalls long before the return does, but
-only to someone who opens TensorBoard. `DriftWatch` reads them at every status line
-and says it in words, once when a condition starts (and again only after it has
-cleared), so a console that prints a line every few seconds is not flooded.
+"""Warnings for a run whose learning drifts somewhere it rarely comes back from: the
+loss stats say so long before the return does. Each warning is said once when its
+condition starts, and again only after it has cleared.
 """
 from __future__ import annotations
 
@@ -13,13 +10,9 @@ from typing import Dict, List
 # The entropy has fallen to this fraction of the highest value seen in the run: the
 # policy is close to deterministic, and an entropy bonus pulls less the lower it goes.
 ENTROPY_COLLAPSE_FRACTION = 0.1
-# Approximate KL between the acting and the updated policy per update. PPO-style
-# updates behave at ~0.01-0.02. Measured on LunarLander-v3 with the classic-control
-# defaults: 0.067 (clip fraction 0.30) at the return's peak of 168, just before it
-# fell to -150; so warn well below that. But only when it stays there: at --lr 2e-3
-# LunarLander's KL has a median of 0.016-0.017 and single reports of 0.1-0.3 (2-3% of
-# them) on runs that reach 200 and stay, with never 3 reports over 0.05 in a row
-# (benchmarks/README.md, twentieth session).
+# Approximate KL per update: PPO-style updates sit near 0.01-0.02, and runs that
+# collapsed showed several times that. Single spikes happen in healthy runs, so warn
+# only when it stays high for KL_TOO_LARGE_REPORTS reports.
 KL_TOO_LARGE = 0.05
 KL_TOO_LARGE_REPORTS = 3
 # The value function explains less than nothing of its targets, this many reports running.
@@ -28,11 +21,9 @@ EV_NEGATIVE_REPORTS = 6
 
 class DriftWatch:
     def __init__(self, exploration_loss: str = "entropy"):
-        # Under the KL-to-uniform term a low entropy is where the term balances the
-        # return, not a fall it cannot pull back from: its pull on a dying action's
-        # logit stays at least 1/n (tests/test_distributions.py), and a solved task
-        # like doom_basic sits at 0.02-0.13 nats for a whole run. So the collapse is
-        # worth a warning only under the entropy bonus, whose pull fades with p.
+        # Under the KL-to-uniform term a low entropy is an equilibrium, not a collapse
+        # (its pull on a dying action stays), so warn of collapse only under the
+        # entropy bonus, whose pull fades.
         self._watch_entropy = exploration_loss == "entropy"
         self._entropy_peak = -math.inf
         self._ev_negative_for = 0

@@ -1,21 +1,10 @@
-"""The process that fills inductor's cache with the learner's compiled step
-(fastrl.learning.compiled), so that the learner's own compile, between two of its
-steps, finds everything there.
+"""The process that fills inductor's cache with the learner's compiled step, so the
+learner's own compile finds everything there: `python -m fastrl.learning.warm_compile
+< payload`, the payload a torch.save of {"model", "inputs", "uniform_kl", "threads"}.
+Exits 0 once forward and backward compiled, else says why on stderr's last line.
 
-    python -m fastrl.learning.warm_compile < payload
-
-The payload, on stdin, is a `torch.save` of {"model", "inputs", "uniform_kl",
-"threads"}: a replica of the learner's model, a copy of its first minibatch's
-evaluate inputs, what the loss passes evaluate, and the learner's torch thread
-count (inductor's cache keys on it). Nothing touches the disk but the cache.
-Exit 0 when forward and backward compiled; otherwise the last line on stderr
-says what failed.
-
-Why a process and not a thread of the learner: FX's tracing, which AOTAutograd
-runs on the forward and backward, swaps `torch.nn.Module.__call__` for the whole
-process while it traces, so a module the learner called meanwhile in another
-thread went into the tracer and failed (`NameError: module is not installed as a
-submodule`: one CI run's learner died of it; a test here reproduces it in seconds).
+A process, not a learner thread: FX tracing swaps `torch.nn.Module.__call__` for the
+whole process, so modules the learner called meanwhile went into the tracer and failed.
 """
 from __future__ import annotations
 
