@@ -1,36 +1,13 @@
 """Evaluation during training, in its own process, so training never waits for it.
 
-Every `eval_every_frames` env frames the evaluator copies the newest published
-parameters, plays `eval_episodes` full episodes with the deterministic policy (the
-mode of the action distribution) on its own envs, and puts one result on its queue:
-
-    {"env_frames", "version", "eval/return", "eval/length", "eval/seconds",
-     "eval/true_objective" (when the env reports one)}      (means over the episodes)
-
-When the mean return beats every earlier evaluation (of this experiment, across
-resumes) it writes <experiment>/checkpoints/best.pt. The evaluator owns best.pt; the
-learner owns the periodic checkpoints.
-
-Choices and their costs:
-- Cost: eval_episodes episodes per eval_every_frames training frames, on one core at
-  most (one torch thread, envs stepped in turn). The process runs at a lower CPU
-  priority (nice +5): when the cores are busy, evaluation results arrive later rather
-  than training slowing down.
-- Evaluation points lie on the grid F, 2F, 3F... of total env frames. If one
-  evaluation takes longer than F frames of training, the points it overran are
-  skipped, never queued: evaluation can fall behind, it cannot pile up.
-- When training ends (the run's stop flag), an evaluation under way or a grid point
-  passed and not yet evaluated is still played, on the final weights, before the
-  evaluator leaves: a short run whose training outpaced the evaluator's start (a
-  busy machine, Doom engines) still reports the evaluations it asked for. Only the
-  `abandon` flag (a signal, a failure, the runner's patience running out) cuts one
-  short.
-- Episode i of every evaluation starts from the same seed, so two evaluations differ
-  only by their policies and scores are comparable over time. The price: the best
-  checkpoint is chosen on those few starts, an optimistic estimate of its return.
-- Atari envs run with episodic life off, so a return is a full game's score.
-- At most MAX_ENVS envs are open, kept between evaluations (Doom engines are slow to
-  start); their actions are computed in one batched forward pass.
+Every `eval_every_frames` env frames it plays `eval_episodes` deterministic episodes
+with the newest parameters on its own envs and queues the mean return, length and
+true objective; a new best writes <experiment>/checkpoints/best.pt (the evaluator
+owns it). It runs on one thread at nice +5, so a busy machine delays evaluations
+rather than training. Grid points it overran are skipped, never queued. At the end
+of training the evaluation due is still played on the final weights; only `abandon`
+cuts one short. Episode i always starts from the same seed, so evaluations are
+comparable (at the price of an optimistic best). Atari plays full games.
 """
 from __future__ import annotations
 
@@ -80,8 +57,7 @@ class Evaluator:
         except BaseException:
             self.close()
             raise
-        # Counted from where this run starts, not from when this process got ready, so a
-        # slow start (Doom engines) cannot push the first evaluation a whole interval back.
+        # Counted from where this run starts, so a slow start cannot delay the first evaluation.
         self.next_at = self._next_grid_point(frames_offset)
 
     def env_frames(self) -> int:
@@ -150,9 +126,8 @@ class Evaluator:
 
     @torch.no_grad()
     def play(self, count: int):
-        """`count` deterministic episodes, episode i from seed SEED_OFFSET + i, spread
-        over the open envs: a list of (return, length, true objective or None), in
-        episode order; None if abandoned meanwhile."""
+        """`count` deterministic episodes spread over the open envs: (return, length,
+        true objective or None) in episode order, or None if abandoned meanwhile."""
         model, envs, abandon = self.model, self.envs, self.abandon
         results = [None] * count
         episode_of = [None] * len(envs)  # which episode each env is playing, None when idle
@@ -197,10 +172,8 @@ class Evaluator:
 
 
 def evaluator_main(cfg, ctx: SharedContext, result_queue, abandon, frames_offset: int = 0) -> None:
-    """Entry point of the evaluator process. `abandon` (a StopFlag) ends it at once;
-    ctx.stop only after the evaluation due. frames_offset is the env frames of the
-    checkpoint a run resumed from, as the learner gets it, so that reported frames
-    count from the experiment's start."""
+    """Entry point of the evaluator process. `abandon` ends it at once, ctx.stop after
+    the evaluation due; frames_offset is the resumed checkpoint's env frames."""
     # One thread whatever --torch_threads says: evaluation must leave the cores to training.
     torch.set_num_threads(1)
     os.nice(NICENESS)  # on Linux this lowers only the calling thread, so tests may call this in a thread
