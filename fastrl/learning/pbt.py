@@ -1,16 +1,9 @@
-"""Population-based training over a run's policies (Jaderberg et al. 2017,
-"Population Based Training of Neural Networks"): at the end of every period the
-policies that do worst by the true objective take the weights of one that does
-well and a perturbed copy of its hyperparameters.
-
-Pure bookkeeping: `Population` decides and remembers, the runner carries its
-decisions to the learners (fastrl.plumbing.hyper) and logs each as one JSON line
-of <experiment>/pbt.jsonl, from which a resumed run rebuilds the population.
-
-Round r comes once each policy has taken r periods of agent steps, and draws from
-its own generator, seeded by the run's seed and r, so a run resumed from its log
-makes the same draws the uninterrupted run would have made (given the same
-objectives), whichever rounds changed nothing and left no line in the log."""
+"""Population-based training over a run's policies (Jaderberg et al. 2017): each
+period the policies worst by the true objective take the weights of a better one and
+a perturbed copy of its hyperparameters. Pure bookkeeping: the runner carries the
+decisions to the learners and logs them to <experiment>/pbt.jsonl, from which a
+resumed run rebuilds the population. Round r draws from a generator seeded by the
+run's seed and r, so a resumed run makes the draws the uninterrupted one would have."""
 from __future__ import annotations
 
 import json
@@ -19,8 +12,8 @@ import os
 import random
 from typing import List, Optional, Sequence
 
-# What PBT moves, each kept within its bounds. gamma moves by its horizon
-# 1 / (1 - gamma): multiplying gamma itself by 1.2 would leave [0, 1] at once.
+# What PBT moves, within BOUNDS. gamma moves by its horizon 1 / (1 - gamma), so it
+# stays inside [0, 1].
 HYPERPARAMETERS = ("lr", "entropy_coef", "gamma", "reward_scale")
 BOUNDS = {"lr": (1e-6, 1e-2), "entropy_coef": (0.0, 0.1), "gamma": (0.9, 0.9999), "reward_scale": (1e-3, 1e3)}
 LOG_NAME = "pbt.jsonl"
@@ -38,10 +31,8 @@ def perturb(value: float, name: str, factor: float, up: bool) -> float:
 
 
 class Population:
-    """Each policy's hyperparameters, as the rounds so far left them.
-
-    `base`: the run's own values (from its config), every policy's at the start.
-    A round replaces max(1, floor(replace_fraction x P)) policies."""
+    """Each policy's hyperparameters as the rounds so far left them, all starting at
+    `base`. A round replaces max(1, floor(replace_fraction x P)) policies."""
 
     def __init__(self, base: dict, num_policies: int, replace_fraction: float, perturb_factor: float, seed: int):
         if num_policies < 2:
@@ -77,10 +68,9 @@ class Population:
         return not any(o is None or math.isnan(o) for o in objectives)
 
     def round(self, round_: int, objectives: Sequence[float], env_steps: int) -> List[dict]:
-        """Round `round_`, after `env_steps` agent steps of each policy, given each
-        policy's objective (see `ready`). Each policy of the bottom fraction whose
-        objective is below its source's takes a random top-fraction policy's weights
-        and perturbed hyperparameters. Returns the events, one per policy changed."""
+        """Round `round_`: each bottom-fraction policy whose objective is below a random
+        top-fraction policy's takes its weights and perturbed hyperparameters. Returns
+        one event per policy changed."""
         if not self.ready(objectives):
             raise ValueError("every policy needs an objective before a round")
         self.rounds = round_
