@@ -1,14 +1,7 @@
-"""Where training metrics go: TensorBoard event files for every run, and a W&B run
-with --with_wandb.
-
-`scalars_from` turns what the runner watches (the stats board, the learner's loss
-stats, recent episode returns) into named scalars; it is pure, so the mapping is
-tested without processes. `Monitor` writes those scalars against env frames, the
-same x axis the status line and `--train_for_env_frames` use.
-
-Layout inside the experiment folder:
-    tb/                    TensorBoard event files (one per process that trained)
-    wandb_run_id.txt       the W&B run this experiment logs into, for resuming it
+"""Where training metrics go: TensorBoard event files (<experiment>/tb) for every run,
+and a W&B run with --with_wandb (its id kept in wandb_run_id.txt for resuming).
+`scalars_from` is pure, so the mapping from the runner's view to named scalars is
+tested without processes; `Monitor` writes them against env frames.
 """
 from __future__ import annotations
 
@@ -21,9 +14,8 @@ from fastrl.plumbing.stats_board import per_second
 
 TB_SUBDIR = "tb"
 WANDB_ID_FILE = "wandb_run_id.txt"
-# The TensorBoard text plugin stores every string in full and renders each as its
-# own card, so one status line in ten keeps the page readable over a long run.
-# W&B gets every line: it is one more column of a row it writes anyway.
+# TensorBoard renders every text as its own card, so it gets one status line in ten;
+# W&B gets every line.
 STATUS_TEXT_EVERY = 10
 
 # Learner loss stats (names as the learner sends them) -> logged names.
@@ -55,22 +47,10 @@ def _mean(values) -> Optional[float]:
 
 def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, elapsed: float,
                  window: tuple, frames: Optional[float] = None, trained: Optional[float] = None) -> dict:
-    """The scalars of one report, named "group/measure".
-
-    board: the run's StatsBoard (rows "learner", "policy_<i>", "rollout_<i>").
-    metrics: the learner's latest loss stats (policy_loss, value_loss, entropy, ...).
-    returns, objectives: the last (up to 100) episode returns and true objectives.
-    episodes: episodes finished in this run.
-    elapsed: seconds since this run started (the board's counters start with it).
-    window: (seconds, env frames, samples trained) at the previous report, the same
-        tuple the runner's status line takes; rates are measured over it, so they
-        say how fast the run goes now rather than on average.
-    frames, trained: the run's env frames and samples trained, where they are not
-        the board's own: a multi-rank run reports every rank's.
-
-    Values that are missing or not finite (no episode finished yet, an explained
-    variance undefined for constant targets) are left out rather than logged as
-    NaN, which would break a curve into gaps in both dashboards.
+    """The scalars of one report, named "group/measure". `window` is (seconds, env
+    frames, samples trained) at the previous report, so rates say how fast the run
+    goes now; `frames` and `trained` override the board's in a multi-rank run.
+    Missing or non-finite values are left out, as NaN breaks curves in both dashboards.
     """
     t0, frames0, trained0 = window
     frames = board.total("env_frames", "rollout_") if frames is None else frames
@@ -95,9 +75,7 @@ def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, el
     for key, name in _LOSS_NAMES.items():
         if key in metrics:
             out[name] = float(metrics[key])
-    # Busy/wait/comm as a share of this run's wall time, averaged over the component's
-    # processes: the measure that points at the bottleneck (a learner near 1.0 busy
-    # with rollout workers waiting means the learner limits the run, and vice versa).
+    # Busy/wait/comm as a share of wall time per process: what points at the bottleneck.
     for prefix, component in _COMPONENTS.items():
         rows = board.rows_with(prefix)
         if rows and elapsed > 0:
@@ -128,26 +106,16 @@ class NullMonitor:
 class Monitor:
     """Writes one experiment's scalars to TensorBoard and, with cfg.with_wandb, to W&B.
 
-    Args:
-        cfg: the run's Config (W&B project, entity, group, tags; the whole config is
-            logged to W&B).
-        experiment_dir: the experiment folder; event files go to <experiment_dir>/tb.
-        resume_frames: env frames of the checkpoint this run resumes from; 0 for a
-            fresh start. TensorBoard hides older events at or past it (they belong to
-            training the checkpoint does not hold), and a resumed run continues the
-            W&B run named in <experiment_dir>/wandb_run_id.txt while a fresh start
-            opens a new one.
-
-    Raises ConfigError when --with_wandb is set but wandb is not installed or
-    cannot start a run (not logged in, no network).
+    resume_frames: env frames of the checkpoint resumed from (0: fresh). TensorBoard
+    hides older events past it, as that training is not in the checkpoint, and a
+    resumed run continues its W&B run. ConfigError if W&B is asked for and cannot start.
     """
 
     def __init__(self, cfg: Config, experiment_dir: str, resume_frames: int = 0):
         os.makedirs(experiment_dir, exist_ok=True)
         self._wandb_run = self._open_wandb(cfg, experiment_dir, resume_frames) if cfg.with_wandb else None
-        # Imported here, not at the top: tensorboard costs a second or more of import
-        # time, which a run refused for a bad config (before any Monitor exists)
-        # should not pay.
+        # Imported here: tensorboard's import is slow, and a run refused for a bad config
+        # should not pay it.
         from torch.utils.tensorboard import SummaryWriter
 
         self._tb = SummaryWriter(os.path.join(experiment_dir, TB_SUBDIR), purge_step=int(resume_frames))
@@ -170,8 +138,7 @@ class Monitor:
             config=cfg.to_dict(),
             id=run_id,
             resume="allow",
-            # The run's files live with the experiment unless the user chose a place
-            # for all W&B files with WANDB_DIR.
+            # With the experiment unless WANDB_DIR says where all W&B files go.
             dir=None if os.environ.get("WANDB_DIR") else experiment_dir,
         )
         try:
@@ -183,20 +150,15 @@ class Monitor:
         if run.id != run_id:
             with open(id_path, "w") as fh:
                 fh.write(run.id + "\n")
-        # Env frames as an ordinary metric and the x axis of every chart, instead of
-        # W&B's own step: its step must only grow, so a run resumed from a checkpoint
-        # older than its last report would have its first reports silently dropped.
+        # Env frames as the x axis rather than W&B's step, which must only grow: a run
+        # resumed from an older checkpoint would have its first reports dropped.
         run.define_metric("env_frames")
         run.define_metric("*", step_metric="env_frames")
         return run
 
     def log(self, env_frames: int, wall_seconds: float, scalars: dict, status: Optional[str] = None) -> None:
-        """Record `scalars` (name -> float, as from scalars_from) at `env_frames`.
-
-        wall_seconds (the run's training time so far) is logged as time/wall_seconds.
-        status, the console status line, goes to W&B as a "status" column and to
-        TensorBoard as text every STATUS_TEXT_EVERY-th time.
-        """
+        """Record `scalars` at `env_frames`, with wall_seconds and the status line (to
+        W&B every time, to TensorBoard every STATUS_TEXT_EVERY-th)."""
         step = int(env_frames)
         row = dict(scalars)
         row["time/wall_seconds"] = float(wall_seconds)
@@ -206,8 +168,7 @@ class Monitor:
             if self._status_lines % STATUS_TEXT_EVERY == 0:
                 self._tb.add_text("status", status, step)
             self._status_lines += 1
-        # Flushing every report (seconds apart) costs one small write and means a
-        # killed run loses nothing it printed.
+        # Flushed every report (seconds apart), so a killed run loses nothing it printed.
         self._tb.flush()
         if self._wandb_run is not None:
             if status is not None:
