@@ -1,9 +1,7 @@
-"""Population-based training as a run drives it: when each policy has taken
-another --pbt_period_env_steps agent steps, a round of fastrl.learning.pbt over
-the policies' objectives, its changes handed to the learners through shared
-memory (fastrl.plumbing.hyper), logged to <experiment>/pbt.jsonl, printed and
-plotted. A resumed run replays the log and hands each policy the hyperparameters
-it had last; its weights are its own checkpoint's."""
+"""Population-based training as a run drives it: a round of fastrl.learning.pbt each
+--pbt_period_env_steps per policy, handed to the learners (plumbing.hyper), logged to
+pbt.jsonl and printed. A resumed run replays the log for hyperparameters; weights come
+from each policy's checkpoint."""
 from __future__ import annotations
 
 import os
@@ -38,11 +36,9 @@ class PopulationDriver:
             hyper.set(k, values)
 
     def update(self, steps_per_policy: float, objectives: List[Optional[float]]) -> List[dict]:
-        """Round r once each policy has taken r periods' steps (and every policy has an
-        objective; until then the round waits); the events it made, each already
-        handed over, logged and printed. After a resume the log's last round counts,
-        so a round that changed a policy is never run again (one that changed none
-        left no line, and may be)."""
+        """Run round r once each policy has taken r periods' steps and all have an
+        objective; returns its events, already handed over, logged and printed. A round
+        that changed nothing left no log line, so after a resume it may run again."""
         round_ = int(steps_per_policy // self.cfg.pbt_period_env_steps)
         if round_ <= self.population.rounds or not self.population.ready(objectives):
             return []

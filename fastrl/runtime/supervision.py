@@ -1,17 +1,9 @@
-"""Worker supervision: a worker killed by a signal, or silent past its heartbeat
-timeout, is replaced by a fresh one; one that raised is not restarted, as its
-traceback is a bug or a broken env the user must see, and the run stops with it.
-
-A rollout worker comes back with fresh envs, and the buffers it held go back to
-the free pool (their half-written trajectories are counted as discarded). A policy
-worker holds nothing that shared memory does not, but the requests it had taken
-are lost with it: the policy workers restart together, and the rollout workers
-then re-send what was not answered (sampling/inference.RemotePolicy says why).
-
-What a restart alone would not repair: a worker killed while it holds a queue's
-lock (a few microseconds of each queue call; faster-fifo's mutex is not robust)
-leaves that queue locked, and whoever uses it next, the runner among them, waits
-for good. The runner's lock watch frees such a lock (plumbing/queue_locks.py).
+"""Worker supervision: a worker killed by a signal or silent past its heartbeat timeout
+is replaced; one that raised is not (its traceback is a bug the user must see) and the
+run stops. A rollout worker comes back with fresh envs and its buffers go back to the
+pool; policy workers restart together and the rollout workers re-send what went
+unanswered (inference.RemotePolicy). A queue lock a killed worker held is freed by the
+runner's lock watch (plumbing/queue_locks.py).
 """
 from __future__ import annotations
 
@@ -20,8 +12,8 @@ import time
 from fastrl.plumbing.polling import put_many_polling
 
 RESTART_WINDOW_S = 600.0
-# In policy-worker mode a late batch could still write actions into a dead
-# worker's buffers; waiting this long before recycling them lets it land.
+# A late policy-worker batch could still write into a dead worker's buffers; wait this
+# long before recycling them.
 RECYCLE_DELAY_S = 1.0
 STOP_TIMEOUT_S = 5.0  # for a healthy policy worker to leave on SIGTERM before it is killed
 
@@ -36,10 +28,8 @@ class WorkerSupervisor:
         self._first_seen: dict = {}  # worker process -> when a check first saw it
 
     def _last_sign_of_life(self, process, row: str) -> float:
-        """Its last heartbeat or, before its first, when a check first saw it (its
-        start, to within a poll): a worker stuck starting up, in an env that is never
-        made, is as hung as one stuck later, and is given the same timeout. A worker
-        with a slow start beats as it goes (a rollout worker after each env made)."""
+        """Its last heartbeat or, before the first, when a check first saw it: a worker
+        stuck starting up is as hung as one stuck later."""
         first = self._first_seen.setdefault(process, time.time())
         beat = self.runner.ctx.board.get(row, "heartbeat")
         return beat if beat > 0 else first
@@ -49,9 +39,8 @@ class WorkerSupervisor:
             self._first_seen.pop(p, None)
 
     def _cause(self, process, row: str) -> str | None:
-        """Why `process` must be replaced: it was killed by a signal, or it hung (and
-        is killed here). None while it is well, or when it exited on its own, which
-        the runner's failure check reports."""
+        """Why `process` must be replaced (killed by a signal, or hung and killed here);
+        None while well or when it exited on its own (the runner reports that)."""
         if process.is_alive():
             if time.time() - self._last_sign_of_life(process, row) <= self.timeout:
                 return None
@@ -63,10 +52,8 @@ class WorkerSupervisor:
         return None
 
     def will_restart(self, process) -> bool:
-        """Whether `process` is a worker killed by a signal, which a check restarts.
-        The runner's look for dead children must leave it alone: a worker that died
-        after its own check, while another's restart took seconds, is this
-        supervisor's to restart at the next poll, not a failure that ends the run."""
+        """Whether `process` is a worker killed by a signal, which the next check
+        restarts; the runner's dead-child check must leave it alone."""
         workers = [*self.runner.rollout_processes.values(), *self.runner.policy_processes.values()]
         return process in workers and process.exitcode is not None and process.exitcode < 0
 
@@ -117,8 +104,7 @@ class WorkerSupervisor:
         failure = self._too_many(f"policy-worker {index}", cause)
         if failure:
             return failure
-        # All of them, the healthy too: the epoch may move only once no old worker
-        # can write an answer any more (inference.RemotePolicy).
+        # All of them, healthy too: the epoch may move only once no old worker can answer.
         _end(processes.values())
         ctx = self.runner.ctx
         ctx.inference_epoch += 1
@@ -133,8 +119,7 @@ class WorkerSupervisor:
 
 
 def _end(processes) -> None:
-    """SIGTERM those alive (they unwind between two Python steps, never inside a
-    queue's lock), then wait for every one, killing any that outstays STOP_TIMEOUT_S."""
+    """SIGTERM those alive, then wait, killing any that outstays STOP_TIMEOUT_S."""
     for p in processes:
         if p.is_alive():
             p.terminate()
