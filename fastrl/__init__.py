@@ -4,13 +4,9 @@ import importlib.util
 import os
 import sys
 
-# The envs live in the repository's top-level envs/ folder and install as fastrl.envs
-# (setup.py's package_dir), so that installing fastrl adds no generic top-level name.
-# A source tree used without installing it (on PYTHONPATH, or under an editable
-# install made before that mapping) has no fastrl/envs: there the name resolves to the
-# envs/ folder beside this package. Installed, fastrl/envs exists and this stays out.
-# First on sys.meta_path: an editable install of another checkout maps fastrl.envs
-# to that checkout's envs/, and this package must not run with another's envs.
+# envs/ installs as fastrl.envs (setup.py's package_dir). A source checkout used without
+# installing has no fastrl/envs, so the name resolves to the checkout's envs/; first on
+# sys.meta_path, so another checkout's editable install cannot supply its envs instead.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKOUT_ENVS = os.path.join(os.path.dirname(_HERE), "envs")
 

@@ -1,16 +1,9 @@
 """`python -m fastrl.enjoy --env ENV --experiment NAME`: watch a trained agent.
 
-Plays episodes with the experiment's policy in one process, prints each episode's
-return (and the env's true objective where it reports one), and with --save_video
-writes every rendered frame to an mp4.
-
-The model is rebuilt from the experiment's config.json, so it has the shape it was
-trained with whatever options this command gets; the env comes from --env, so the
-same policy can be watched on a variant of its training env with the same spaces.
-
-Video frames: one after each reset and one after each step, so an episode of L
-steps contributes L + 1 frames. Agent steps of frameskipping envs render only the
-last of their skipped frames.
+Plays episodes with the experiment's policy, printing each return (and true
+objective), and with --save_video writes the rendered frames to an mp4 (one per reset
+and per agent step). The model is rebuilt from the experiment's config.json; the env
+comes from --env, so a policy can be watched on a variant with the same spaces.
 """
 from __future__ import annotations
 
@@ -82,8 +75,7 @@ def load_experiment_config(experiment_dir: str) -> Config:
 
 
 def select_checkpoint(cfg: Config, which: str, policy: int = 0) -> tuple:
-    """(state, path) of policy `policy`'s checkpoint named by --checkpoint: latest,
-    best or a path."""
+    """(state, path) of policy `policy`'s checkpoint: latest, best or a path."""
     if not 0 <= policy < cfg.num_policies:
         raise EnjoyError(f"--policy {policy} does not exist: experiment {cfg.experiment_dir} trained "
                          f"{cfg.num_policies} polic{'y' if cfg.num_policies == 1 else 'ies'}; pass 0 to "
@@ -146,11 +138,8 @@ class VideoSink:
 
 @torch.no_grad()
 def play_episode(env, model, seed: int, deterministic: bool, video: Optional[VideoSink]) -> tuple:
-    """One episode with the policy: (return, length, true objective or None).
-
-    The GRU state starts at zero with the episode and is carried step to step, as in
-    training. The true objective is the one the env reports in its last step's info.
-    """
+    """One episode with the policy, the GRU state carried as in training: (return,
+    length, true objective from the last step's info, or None)."""
     obs, _ = env.reset(seed=seed)
     rnn_state = torch.zeros(1, model.rnn_state_size)
     if video is not None:
@@ -193,8 +182,7 @@ def run(args) -> None:
     check_arguments(args)
     experiment_dir = os.path.join(args.train_dir, args.experiment or args.env)
     cfg = load_experiment_config(experiment_dir)
-    # The saved config's own train_dir/experiment may point elsewhere (a moved folder):
-    # the folder the user named is the one to read checkpoints from.
+    # The folder the user named, not the saved config's (it may have moved).
     cfg = dataclasses.replace(cfg, train_dir=args.train_dir, experiment=args.experiment or args.env)
     state, ckpt_path = select_checkpoint(cfg, args.checkpoint, args.policy)
     try:

@@ -1,14 +1,10 @@
 """`python -m fastrl.plot EXP_DIR [EXP_DIR...] --out curves.png`: compare runs
 without a dashboard.
 
-Reads each experiment's TensorBoard events (<EXP_DIR>/tb, written by every run) and
-draws one metric, by default the mean return of the last 100 episodes, against env
-frames (left) and against wall time (right), one line per run; with --by_policy,
-one line per policy of each run trained with --num_policies (its own episodes' mean).
-
-Wall time is measured from each run's first event, as TensorBoard's "relative"
-axis does; a resumed run therefore includes the time it was stopped, visible as a
-flat stretch.
+Draws one metric from each experiment's TensorBoard events (default: the mean return
+of the last 100 episodes) against env frames and against wall time from the run's
+first event (a resumed run shows its pause as a flat stretch); --by_policy draws one
+line per policy.
 """
 from __future__ import annotations
 
@@ -105,9 +101,8 @@ def draw(curves: List[Curve], out: str, metric: str = DEFAULT_METRIC) -> None:
 
 
 def check_out(out: str) -> None:
-    """Refuse an --out that matplotlib cannot write, before any events are read: an
-    unknown extension (and none at all, to which it would silently add .png), a
-    folder, or a place no file can be made."""
+    """Refuse an --out matplotlib cannot write (unknown or missing extension, a folder,
+    an unwritable place) before any events are read."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = FigureCanvasBase.get_supported_filetypes()
