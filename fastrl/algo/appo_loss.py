@@ -1,8 +1,6 @@
-"""APPO loss: PPO-clip policy loss on V-trace advantages, value and entropy terms.
-
-Pure tensor functions over time-major [T, B] inputs. `valid_t` weights each
-sample (1 = use it, 0 = dropped, e.g. its policy lag is past max_policy_lag);
-every mean here is the masked mean sum(x * valid) / max(sum(valid), 1).
+"""APPO loss: PPO-clip policy loss on V-trace advantages, value and entropy terms, over
+time-major [T, B] tensors. `valid_t` is 0 for dropped samples (e.g. policy lag past
+max_policy_lag); every mean is sum(x * valid) / max(sum(valid), 1).
 """
 
 from typing import NamedTuple, Optional
@@ -13,8 +11,7 @@ from fastrl.algo.vtrace import VTraceReturns, bootstrap_truncation, check_time_m
 
 
 def _masked_mean(x, valid_t):
-    # where() rather than x * valid alone: a dropped sample may hold inf (a stale
-    # log-ratio overflowing exp), and inf * 0 would turn the whole mean into nan.
+    # where(), not x * valid alone: a dropped sample may hold inf, and inf * 0 is nan.
     return torch.where(valid_t > 0, x * valid_t, 0).sum() / valid_t.sum().clamp(min=1)
 
 
@@ -24,17 +21,11 @@ class PolicyLoss(NamedTuple):
 
 
 def ppo_clip_policy_loss(log_ratio_t, advantage_t, clip_ratio, valid_t, clip_fraction=True):
-    """PPO clipped surrogate (Schulman et al. 2017), to be minimized.
-
-        ratio_t = exp(log_ratio_t)
-        loss = -mean(min(ratio_t * A_t, clamp(ratio_t, 1 - clip, 1 + clip) * A_t))
-        clip_fraction = mean(|ratio_t - 1| > clip)   (None with clip_fraction=False)
-
-    The gradient flows through `log_ratio_t`; `advantage_t` is treated as a constant.
-    """
+    """PPO clipped surrogate (Schulman et al. 2017), to be minimized:
+    -mean(min(ratio * A, clamp(ratio, 1 - clip, 1 + clip) * A)), with the clip fraction
+    unless clip_fraction=False. The advantage is a constant."""
     check_time_major(log_ratio_t=log_ratio_t, advantage_t=advantage_t, valid_t=valid_t)
-    # Zero the log-ratio of dropped samples before exp(): their values may be huge,
-    # and a masked inf in the forward pass still makes a nan gradient.
+    # Zero dropped samples' log-ratios before exp(): a masked inf still makes a nan gradient.
     log_ratio_t = torch.where(valid_t > 0, log_ratio_t, 0)
     ratio_t = torch.exp(log_ratio_t)
     advantage_t = advantage_t.detach()
@@ -47,12 +38,8 @@ def ppo_clip_policy_loss(log_ratio_t, advantage_t, clip_ratio, valid_t, clip_fra
 
 
 def value_loss(v_tm1, target_tm1, valid_t, old_v_tm1=None, clip_value=None):
-    """Squared-error value loss, 0.5 * mean((v_tm1 - target_tm1)^2).
-
-    With `old_v_tm1` (the behaviour policy's values) and `clip_value`, the PPO
-    clipped form: 0.5 * mean(max((v - target)^2, (v_clipped - target)^2)) with
-    v_clipped = old_v + clamp(v - old_v, -clip_value, clip_value).
-    """
+    """0.5 * mean((v - target)^2); with `old_v_tm1` and `clip_value`, PPO's clipped form
+    0.5 * mean(max((v - target)^2, (old_v + clamp(v - old_v, +-clip) - target)^2))."""
     check_time_major(v_tm1=v_tm1, target_tm1=target_tm1, valid_t=valid_t)
     if (old_v_tm1 is None) != (clip_value is None):
         raise ValueError("value clipping needs both old_v_tm1 and clip_value, or neither.")
@@ -73,10 +60,8 @@ def entropy_loss(entropy_t, valid_t):
 
 
 def normalize_advantages(adv_t, valid_t, eps=1e-8):
-    """(adv_t - mean) / (std + eps), with mean and (population) std over valid samples only.
-
-    Population rather than sample std, so a batch with one valid sample gives 0, not nan.
-    """
+    """(adv - mean) / (std + eps) over valid samples; the population std, so one valid
+    sample gives 0, not nan."""
     check_time_major(adv_t=adv_t, valid_t=valid_t)
     mean = _masked_mean(adv_t, valid_t)
     std = _masked_mean((adv_t - mean) ** 2, valid_t).sqrt()
@@ -93,18 +78,14 @@ def _explained_variance(v_tm1, target_tm1, valid_t):
 
 
 def approx_kl(log_ratio_t, valid_t):
-    """KL(behaviour || current) estimated from log(current / behaviour) on the
-    behaviour policy's samples: mean((ratio - 1) - log_ratio), never negative (Schulman's k3)."""
+    """KL(behaviour || current) by Schulman's k3, mean((ratio - 1) - log_ratio) >= 0."""
     log_ratio_t = torch.where(valid_t > 0, log_ratio_t, 0)
     return _masked_mean(torch.expm1(log_ratio_t) - log_ratio_t, valid_t)
 
 
 class APPOLoss(NamedTuple):
-    """`total` carries the gradient; the rest are detached 0-d tensors for logging,
-    or None when the loss was computed without its statistics (stats=False).
-
-    Stats stay tensors: calling .item() here would force a device sync every step.
-    """
+    """`total` carries the gradient; the rest are detached 0-d tensors for logging (None
+    with stats=False), kept as tensors to avoid a device sync every step."""
 
     total: torch.Tensor
     policy_loss: torch.Tensor
@@ -126,9 +107,8 @@ STAT_FIELDS = tuple(name for name in APPOLoss._fields if name not in ("total", "
 
 
 class Steps(NamedTuple):
-    """What the trajectories recorded, each [T, B]: rewards, the two episode-end
-    flags, the value of the final observation on truncated steps (0 elsewhere, in
-    return units), and 1 for the samples the loss may use."""
+    """What the trajectories recorded, each [T, B]: rewards, the episode-end flags, the
+    final observation's value on truncated steps (return units), and valid_t."""
     r_t: torch.Tensor
     terminated_t: torch.Tensor
     truncated_t: torch.Tensor
@@ -137,19 +117,16 @@ class Steps(NamedTuple):
 
 
 class Current(NamedTuple):
-    """The learner's forward pass, with grad: values (the model's normalised outputs;
-    [T+1, B] for appo_loss, s_0..s_T, and [T, B] for loss_on_targets), the policy's
-    entropy [T, B], and an optional per-sample exploration penalty [T, B] that
-    replaces -entropy (a KL to the uniform policy, whose pull does not fade as the
-    policy sharpens the way entropy's does)."""
+    """The learner's forward, with grad: normalised values ([T+1, B] for appo_loss,
+    [T, B] for loss_on_targets), entropy [T, B], and an optional exploration penalty
+    [T, B] that replaces -entropy (a KL to uniform, whose pull does not fade)."""
     values: torch.Tensor
     entropy_t: torch.Tensor
     exploration_t: Optional[torch.Tensor] = None
 
 
 class Behaviour(NamedTuple):
-    """What the acting policy recorded: its log-probs [T, B], and its values [T, B]
-    (same units as Current.values) where the value loss is clipped."""
+    """The acting policy's log-probs [T, B] and, for the value clip, its values."""
     logp_t: torch.Tensor
     v_tm1: Optional[torch.Tensor] = None
 
@@ -172,8 +149,8 @@ class LossSettings(NamedTuple):
 
 
 class ValueScale(NamedTuple):
-    """A running estimate of the targets' mean and std: values are predicted in
-    these units so that the value loss does not depend on the reward scale."""
+    """The targets' running mean and std: values are predicted in these units, so the
+    value loss does not depend on the reward scale."""
     mean: float = 0.0
     std: float = 1.0
 
@@ -183,20 +160,13 @@ UNSCALED = ValueScale()
 
 def appo_loss(logp_t, current: Current, behaviour: Behaviour, steps: Steps, trace: TraceSettings,
               settings: LossSettings, value_scale: ValueScale = UNSCALED, stats: bool = True) -> APPOLoss:
-    """The learner's loss for one batch of trajectories: `logp_t` [T, B] are the
-    current log-probs of the actions taken (with grad).
+    """The learner's loss for one batch of trajectories, `logp_t` [T, B] with grad:
+    total = policy_loss + value_coef * value_loss + entropy_coef * exploration.
 
-        total = policy_loss + value_coef * value_loss + entropy_coef * exploration
-
-    The policy loss is PPO-clip on V-trace's policy-gradient advantages, with
-    log_ratio = logp_t - behaviour.logp_t; the value loss regresses values[:-1] onto
-    V-trace's targets. V-trace runs on values mapped back to return units (v * std +
-    mean) and the value loss regresses onto targets normalised the same way. The clip
-    bounds pi / mu, so a stale sample starts its update near or past the clip.
-
-    A sample with valid_t = 0 is left out of every mean and cuts the trace
-    (rho = c = 0), so its reward, flags and log-probs reach no other sample.
-    stats=False leaves out the logging statistics (see loss_on_targets).
+    V-trace runs on values in return units; the value loss regresses onto targets
+    normalised back. pi / mu is both the surrogate's ratio (clipped) and V-trace's
+    weight, so a stale sample is weighted by its ratio twice. A dropped sample is left out of every mean and
+    cuts the trace, so its data reaches no other sample.
     """
     check_time_major(logp_t=logp_t, behaviour_logp_t=behaviour.logp_t, entropy_t=current.entropy_t, **steps._asdict())
     T, B = steps.r_t.shape
@@ -215,19 +185,16 @@ def appo_loss(logp_t, current: Current, behaviour: Behaviour, steps: Steps, trac
 
 @torch.no_grad()
 def vtrace_targets(raw_values, log_ratio_t, steps: Steps, trace: TraceSettings) -> VTraceReturns:
-    """V-trace's value targets and policy-gradient advantages, in return units, for
-    trajectories [T, B] whose values of s_0..s_T are `raw_values` [T+1, B] (return
-    units) and whose log pi / mu are `log_ratio_t`. See appo_loss for the flags and
-    for what a dropped sample (valid_t = 0) does."""
+    """V-trace's targets and advantages in return units, from `raw_values` [T+1, B]
+    (return units) and log pi / mu."""
     r_t, terminated_t, truncated_t, v_final_t, valid_t = steps
     valid_t = valid_t.to(r_t.dtype)
     # A step that both terminated and truncated ended for real: no bootstrap.
     bootstrapped_t = (truncated_t != 0) & (terminated_t == 0)
     r_t = bootstrap_truncation(r_t, bootstrapped_t, v_final_t, trace.gamma)
     discount_t = episode_discounts(terminated_t.to(r_t.dtype), truncated_t, trace.gamma)
-    # A dropped sample cuts the trace (rho = c = 0): its behaviour policy is too
-    # stale (or foreign) for its importance weight to mean anything, so earlier
-    # samples bootstrap from the current V(s_t) instead of through its data.
+    # A dropped sample cuts the trace (rho = c = 0): its importance weight means nothing,
+    # so earlier samples bootstrap from V(s_t) instead.
     log_rho_t = torch.where(valid_t > 0, log_ratio_t.detach(), -torch.inf)
     return vtrace(raw_values[:-1], raw_values[1:], r_t, discount_t, log_rho_t,
                   rho_bar=trace.rho_bar, c_bar=trace.c_bar, lambda_=trace.lambda_)
@@ -235,13 +202,9 @@ def vtrace_targets(raw_values, log_ratio_t, steps: Steps, trace: TraceSettings) 
 
 def loss_on_targets(log_ratio_t, current: Current, targets: VTraceReturns, valid_t, settings: LossSettings, *,
                     behaviour_v_tm1=None, value_scale: ValueScale = UNSCALED, stats: bool = True) -> APPOLoss:
-    """appo_loss once its targets are known: PPO-clip on the targets' advantages,
-    the value loss of current.values [T, B] onto targets.vs_tm1 (return units), and
-    the exploration term. Inputs are [T, B]; a minibatch of single samples is [1, N].
-
-    With stats=False the logging statistics (every field but `total`, `vs_tm1` and
-    `log_ratio_t`) are None: the learner reports them once a second, and for a small
-    model their ~40 small ops are a noticeable share of a step."""
+    """appo_loss once its targets are known; a minibatch of single samples is [1, N].
+    With stats=False the logging fields are None: for a small model their many small
+    ops are a noticeable share of a step."""
     v_tm1, entropy_t, exploration_t = current
     vs_tm1, pg_advantage_t = targets
     check_time_major(log_ratio_t=log_ratio_t, v_tm1=v_tm1, vs_tm1=vs_tm1, pg_advantage_t=pg_advantage_t,
