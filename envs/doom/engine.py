@@ -1,57 +1,23 @@
 """Who owns a ViZDoom engine process and its /dev/shm segments, on every exit path.
 
-What ViZDoom 1.3.2 does, found with ps, /proc and /dev/shm while games ran:
+ViZDoom 1.3.2's engine is a child process (its command line carries
+`+viz_instance_id ID`) with three /dev/shm segments (ViZDoomMQCtr/MQDoom/SM + ID),
+and only DoomGame.close() removes them. If the Python process dies, the engine runs
+on (it survives SIGTERM) and the segments stay. An engine dying inside its queue's
+process-shared mutex blocks the Python thread forever. close() holds the GIL and
+waits for the engine, forever if it hangs; an engine exiting during init() segfaults
+the caller.
 
-- DoomGame.init() starts the engine as a separate child process (the `vizdoom`
-  binary beside the Python package). It is forked from a helper thread that
-  DoomGame creates in the calling process; that thread waits on the engine for
-  its whole life. The engine stays in the caller's process group. Its command
-  line carries `+viz_instance_id ID`, the 10-character id DoomGame.get_instance_id()
-  returns.
-- Each game creates three POSIX shared-memory objects, mapped by both the
-  Python process and the engine:
-      /dev/shm/ViZDoomMQCtrID, /dev/shm/ViZDoomMQDoomID   (~10 KB each: the two
-          Boost message queues, engine->controller and controller->engine)
-      /dev/shm/ViZDoomSMID                                (~10 MB: screen and state)
-- DoomGame.close() removes the three segments. Nothing else does. When the
-  Python process dies by SIGTERM (default action) or SIGKILL, the engine is
-  reparented to init and runs on forever: it ignores SIGINT and catches SIGTERM
-  without exiting; only SIGKILL ends it. Its three segments stay behind.
-- When the engine dies (SIGKILL, crash), the next make_action()/new_episode()
-  raises ViZDoomErrorException("Unexpected ViZDoom instance crash."), and close()
-  still removes the segments. But when it dies while holding the process-shared
-  pthread mutex inside the ViZDoomMQCtr queue (about 1 kill in 10 during busy
-  stepping here), the Python thread blocks in futex() on that mutex forever.
-- make_action() and new_episode() release the GIL; close() does not, and it
-  waits for the engine to exit: forever if the engine is hung or stopped.
-- If the engine exits during DoomGame.init() (an engine path that cannot run),
-  ViZDoom segfaults the calling Python process and leaves the two queue segments.
-- A Python process that exits normally while a game is still referenced from a
-  live daemon thread leaves the engine running too (its destructor never runs).
-
-What fastrl does about it (each piece covers a path the others cannot):
-
-1. Parent-death signal. DoomGame.set_vizdoom_path() points at a generated shell
-   script that runs _launcher.py, which arms PR_SET_PDEATHSIG(SIGKILL) and execs
-   the real engine (same pid and command line; a copy of it beside an uncompressed
-   vizdoom.pk3 where that can be made: engine_files.py). The kernel kills the engine the
-   moment its owner dies, SIGKILL included. The launcher is run once in a check
-   mode before first use, since a launcher that fails would crash the process.
-2. Reaper. Each owning process starts one small helper (_reaper.py) holding a
-   pipe from it; games are registered by id and engine pid. At EOF (the owner
-   is gone, however it died) the reaper kills leftover engines and unlinks the
-   games' segments, which no signal handler could do after a SIGKILL.
-3. close() kills the engine with SIGKILL first, then calls DoomGame.close(),
-   which then returns at once and removes the segments; whatever is left is
-   unlinked by name. A hung engine can therefore never block close().
-4. atexit, and SIGTERM/SIGHUP handlers installed only where the handler is still
-   the default, close every open game and then die by the same signal.
-5. A watchdog thread per process: a game call running longer than the env's
-   hang timeout gets its engine killed; a call stuck on a queue mutex whose
-   owner thread is dead gets that mutex released, so ViZDoom reports the crash
-   and the env restarts the game.
-6. cleanup_stale_doom_shm() removes segments that no live process maps (for
-   example those left by other programs' crashed runs).
+What fastrl does, each covering a path the others cannot:
+1. a launcher (_launcher.py) arms PR_SET_PDEATHSIG(SIGKILL) and execs the engine,
+   checked once before use since a failing launcher would crash the process;
+2. a reaper process per owner (_reaper.py) kills leftover engines and unlinks their
+   segments once the owner's pipe closes, however it died;
+3. close() SIGKILLs the engine first, so a hung engine never blocks it;
+4. atexit and SIGTERM/SIGHUP handlers (where still default) close open games;
+5. a watchdog thread kills engines of calls past the hang timeout and releases
+   queue mutexes held by dead engine threads, so ViZDoom reports the crash;
+6. cleanup_stale_doom_shm() removes segments no live process maps.
 """
 from __future__ import annotations
 
@@ -82,8 +48,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # Finding the engine and its segments
 
 def find_engine_pid(instance_id: str) -> int | None:
-    """Pid of the engine running game `instance_id`, looked for among this
-    process's children first, then among all processes."""
+    """Pid of the engine running game `instance_id`, this process's children first."""
     needle = _reaper.engine_needle(instance_id)
     children = []
     try:
@@ -107,14 +72,9 @@ def game_segments(instance_id: str, shm_dir: str = SHM_DIR) -> list:
 
 
 def cleanup_stale_doom_shm(grace_s: float = 10.0, shm_dir: str = SHM_DIR) -> list:
-    """Remove ViZDoom /dev/shm segments whose game is dead: no live process (engine
-    or controller) maps any of that game's segments, and they were last modified
-    more than grace_s seconds ago (a game being created exists briefly unmapped).
-
-    Returns the removed names. Safe to call at any time from any process; fastrl's
-    own games never need it (see the module docstring), it is for leftovers of
-    other programs or of a machine that lost power.
-    """
+    """Remove ViZDoom segments of dead games: mapped by no live process and older than
+    grace_s (a game being created is briefly unmapped). For other programs' leftovers
+    or a power loss; fastrl's own games never need it. Returns the names removed."""
     return _reaper.remove_stale_segments(shm_dir=shm_dir, grace_s=grace_s)
 
 
@@ -127,9 +87,8 @@ _launcher_failed = False
 
 
 def engine_launcher_path() -> str | None:
-    """An executable that starts the ViZDoom engine with PR_SET_PDEATHSIG armed,
-    for DoomGame.set_vizdoom_path(); None if it cannot be made here (then the
-    reaper and close() alone own the engine's end)."""
+    """An executable starting the engine with PR_SET_PDEATHSIG armed, or None if it
+    cannot be made here (the reaper and close() then own the engine's end)."""
     global _launcher_path, _launcher_failed
     with _launcher_lock:
         if _launcher_path or _launcher_failed:
@@ -142,8 +101,7 @@ def engine_launcher_path() -> str | None:
 
 
 def private_dir() -> str | None:
-    """This user's folder for the files fastrl has the engines run (the launcher, the
-    network shim), or None if it is not safely ours."""
+    """This user's folder for files the engines run, or None if not safely ours."""
     directory = os.path.join(tempfile.gettempdir(), f"fastrl-{os.getuid()}")
     os.makedirs(directory, mode=0o700, exist_ok=True)
     st = os.lstat(directory)
@@ -183,9 +141,8 @@ def _write_launcher() -> str | None:
 
 
 def _launcher_works(path: str) -> bool:
-    """Run the launcher once in check mode. ViZDoom 1.3.2 segfaults the Python
-    process when the engine exits during init (measured), so a launcher that
-    cannot start (noexec /tmp, a broken interpreter) must be caught here."""
+    """Run the launcher once in check mode: an engine exiting during init segfaults the
+    Python process, so a launcher that cannot start must be caught here."""
     env = dict(os.environ, FASTRL_DOOM_LAUNCHER_CHECK="1")
     try:
         out = subprocess.run([path], env=env, capture_output=True, text=True, timeout=30)
@@ -198,8 +155,8 @@ def _launcher_works(path: str) -> bool:
 # 2. The reaper
 
 class _Reaper:
-    """This process's reaper: one per owning process, started on first use and
-    restarted (with every live game re-registered) if it died."""
+    """This process's reaper, started on first use and restarted (games re-registered)
+    if it died."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -263,10 +220,8 @@ REAPER = _Reaper()
 # The handle on one running engine
 
 class EngineHandle:
-    """One running game's engine: its id, pid, and the time its current call began.
-
-    The env sets `call_started` (time.monotonic()) around every call into the
-    game and back to 0.0 after it; the watchdog reads it."""
+    """One running game's engine: its id, pid, and `call_started` (time.monotonic()
+    of the current call into the game, 0.0 between calls), which the watchdog reads."""
 
     def __init__(self, instance_id: str, engine_pid: int | None, hang_timeout: float):
         self.instance_id = instance_id
@@ -302,15 +257,10 @@ DEAD_ENGINE_GRACE_S = 1.0  # a call this old with its engine dead is stuck, not 
 
 
 def repair_abandoned_mutexes(instance_id: str) -> int:
-    """Release the queue mutexes of game `instance_id` that a thread of this
-    process is blocked on and whose owner thread no longer exists.
-
-    A glibc pthread_mutex_t starts with int __lock, unsigned __count, int __owner
-    (the owner's thread id), unsigned __nusers, int __kind (64-bit Linux). A
-    blocked thread's /proc/self/task/TID/syscall shows futex(&__lock, ...). We only
-    touch words inside this game's ViZDoomMQ* mappings, of a process-shared mutex
-    that is locked, whose owner thread is dead: the dead engine's, which nobody
-    else can ever unlock. Returns how many were released.
+    """Release this game's queue mutexes that a thread of this process is blocked on
+    and whose owner thread is dead (the dead engine's); returns how many. Reads glibc's
+    64-bit pthread_mutex_t layout at the futex address each blocked thread's
+    /proc/self/task/TID/syscall shows, inside this game's ViZDoomMQ* mappings only.
     """
     if _FUTEX_SYSCALL is None:
         return 0
