@@ -1,34 +1,16 @@
 """DoomEnv: one ViZDoom game as a gymnasium.Env, with fastrl's screen, frameskip,
 action and reward wrappers built in (one object, no wrapper chain to step through).
 
-Observation: the engine renders 160x120 RGB; cv2 (bilinear) resizes it to 128
-wide x 72 high, channel first: uint8 Box (3, 72, 128). With measurements=True the
-observation is a Dict {"obs": that image, "measurements": float32 (5,)} holding
-health/100, ammo of the selected weapon/100, armor/100, kills/10 (frags/10 in
-doom_deathmatch) and selected weapon/7, clipped to [-10, 10].
+Observation: the 160x120 RGB render resized to uint8 (3, 72, 128); with
+measurements=True a Dict adding float32 (5,): health, ammo, armor, kills (frags in
+deathmatch) and weapon, scaled and clipped to [-10, 10]. Action: MultiDiscrete over
+the scenario's buttons (actions.py), each repeated for FRAMESKIP tics.
 
-Action: MultiDiscrete over heads built from the scenario's buttons (actions.py).
-Each agent step repeats the action for FRAMESKIP = 4 engine tics.
-
-Episode ends. The step where ViZDoom says the episode finished reports
-    truncated=True   if the player is alive and the episode timeout was reached
-                     (DoomGame.is_episode_timeout_reached()): a time limit, so the
-                     trainer bootstraps from the value;
-    terminated=True  otherwise: the player died, or the scenario's goal ended the
-                     map (basic's monster killed, my_way_home's vest reached).
-The player checked first: dying on the last tic is a death. In the deathmatch
-scenarios (doom_deathmatch, doom_duel) players respawn, so episodes end only by
-timeout (truncated). Such a game is a network game fastrl hosts: alone (-host 1),
-or as one seat of a DoomMatch (envs/doom/match.py) whose other learning agents
-join it on 127.0.0.1. The final
-step's observation is the last frame the game rendered (ViZDoom gives no state
-once the episode has finished). info["true_objective"] is set on that step.
-
-Crashes: when the engine dies or hangs (engine.py: the watchdog kills a call
-that takes longer than hang_timeout seconds), the step reports truncated=True
-with info["env_restarts"] (engines restarted since an info last said so), and
-the next reset() starts a new engine.
-The env does not reset itself after an episode ends: call reset().
+An episode end is truncated if the player is alive at the timeout (the trainer
+bootstraps), else terminated. Deathmatch players respawn, so those episodes end only
+by timeout; such a game is a network game fastrl hosts, alone or as a seat of a
+DoomMatch (match.py). A dead or hung engine ends the step as truncated with
+info["env_restarts"], and the next reset() starts a new one.
 """
 from __future__ import annotations
 
@@ -76,17 +58,14 @@ SEAT_FAILURES = VIZDOOM_FAILURES + (threading.BrokenBarrierError,)
 
 _cv2_threads_set = False
 # File descriptor 2 is the process's, not a thread's: two games configured at once
-# (envs made in parallel threads) would each take the other's stderr and one would
-# restore it to a deleted file.
+# would take each other's stderr.
 _FD2_LOCK = threading.Lock()
 
 
 def _with_fd2_taken(fn, *args):
     """(fn(*args), what it wrote to file descriptor 2 meanwhile). ViZDoom's config
-    parser writes a warning there from C++ for each line it rejects, and then only
-    returns False; taking them lets the error say why in one sentence instead of
-    leaving them loose on the terminal. Anything another thread writes to stderr in
-    the moment is taken too, and comes back with them."""
+    parser complains there from C++ and only returns False; taking the complaints lets
+    the error say why. Other threads' stderr in the moment is taken too."""
     sys.stderr.flush()
     with _FD2_LOCK, tempfile.TemporaryFile() as taken:
         saved = os.dup(2)
@@ -142,17 +121,13 @@ class DoomEnv(gym.Env):
         episode_timeout: override of the config's episode_timeout, in engine tics.
         num_bots: override of the scenario's bot count (bot scenarios only).
         hang_timeout: seconds one engine call may take before the engine counts as hung.
-        engine_recycle_episodes: start a fresh engine process after this many episodes
-            on one (0: never; the default: see ENGINE_RECYCLE_EPISODES). A ViZDoom
-            engine's memory creeps up over a long run; a new one starts from its
-            first footprint, and the episodes it plays are the same, since each
-            episode's seed comes from the env's own stream.
+        engine_recycle_episodes: start a fresh engine after this many episodes (0: never),
+            as an engine's memory creeps up over a long run; episodes stay the same.
         seat: this player's place in a DoomMatch, a match.Seat (deathmatch scenarios
             only): the match starts, steps, restarts and recycles its seats together."""
         global _cv2_threads_set
         if not _cv2_threads_set:
-            # Resizing a 160x120 frame gains nothing from threads; cv2's pool would
-            # only oversubscribe the cores every other process needs.
+            # Resizing a small frame gains nothing from threads; cv2's pool would oversubscribe.
             cv2.setNumThreads(1)
             _cv2_threads_set = True
         self.scenario = scenario if isinstance(scenario, DoomScenario) else get_scenario(scenario)
@@ -263,9 +238,8 @@ class DoomEnv(gym.Env):
                 engine.track_open(self)
                 return
             except VIZDOOM_FAILURES as err:
-                # An engine that died while starting (killed, or it crashed) is
-                # replaced like one that died later, and counted like one: a chaos
-                # run's engine kills and the run's env restarts then agree.
+                # An engine that died while starting is replaced and counted like one
+                # that died later.
                 last = err
                 engine.end_game(game, None)
                 self.restarts += 1
@@ -298,10 +272,8 @@ class DoomEnv(gym.Env):
         self._meas_idx = np.array([idx["HEALTH"], idx["SELECTED_WEAPON_AMMO"], idx["ARMOR"], idx[kills],
                                    idx["SELECTED_WEAPON"]])
         self._meas_scale = np.array([1 / 100, 1 / 100, 1 / 100, 1 / 10, 1 / 7])
-        # (variable index, whether only a rise counts, weight): plain Python, as the
-        # variables are a list each step. The same sum as numpy expressions over
-        # arrays cost 24 us a step on an Intel Xeon (family 6 model 207), a tenth of a
-        # rollout worker's own CPU time per Doom step; this loop costs ~3.
+        # (variable index, whether only a rise counts, weight) as plain Python: the
+        # variables are a list each step, and numpy over them would cost more.
         self._shaping = tuple((idx[n], sign == "+", float(w)) for n, sign, w in BATTLE_SHAPING)
 
     def _read_variables(self) -> list:
@@ -344,9 +316,7 @@ class DoomEnv(gym.Env):
     def _observe(self, state) -> object:
         frame = state.screen_buffer  # (120, 160, 3) uint8
         self._last_frame = frame
-        # Bilinear, not INTER_AREA: 32 us instead of 160 us on one core, which was 15%
-        # of a whole env step, for a 0.8 x 0.6 downscale that bilinear handles well.
-        # (Sample Factory's Doom resize is nearest-neighbour, cheaper and coarser.)
+        # Bilinear: much cheaper than INTER_AREA and fine for this mild downscale.
         small = cv2.resize(frame, (OBS_WIDTH, OBS_HEIGHT), interpolation=cv2.INTER_LINEAR)
         # A [C, H, W] view of the [H, W, C] frame, not a copy: the trainer's buffers
         # store images channels-last, so the frame reaches them in one plain copy.
@@ -396,14 +366,11 @@ class DoomEnv(gym.Env):
         self._episode_game_reward = 0.0
         self._needs_reset = False
         self._last_obs = self._observe(state)
-        # A game that crashed between episodes, or while this env was being made,
-        # was restarted here or then.
+        # A game that crashed between episodes, or while this env was made, was restarted.
         return self._last_obs, self._restarts_to_report()
 
     def _restarts_to_report(self) -> dict:
-        """{"env_restarts": n} for the n engine restarts no info has carried yet
-        (the runner counts them: a chaos run's engine kills and its env restarts
-        agree), or {}."""
+        """{"env_restarts": n} for the engine restarts no info has carried yet, or {}."""
         n = self.restarts - self._restarts_reported
         self._restarts_reported = self.restarts
         return {"env_restarts": n} if n else {}
@@ -446,11 +413,9 @@ class DoomEnv(gym.Env):
         return self._last_obs, reward, False, False, info
 
     def _seated_tics(self, game, buttons) -> float:
-        """FRAMESKIP tics of a network game, each one waited for by every seat. With
-        a whole make_action(a, 4) each, a player's engine may run a tic ahead of
-        the others' commands and then wait for a tic they only send in their next
-        step, which waits for this one: both hang (ViZDoom 1.3.2, in the first step
-        of most games). One tic at a time, the seats never drift apart."""
+        """FRAMESKIP tics of a network game, each waited for by every seat: with a whole
+        make_action(a, 4) each, one engine could run a tic ahead and wait on the others'
+        next step, which waits on it, and both hang."""
         reward = 0.0
         for k in range(FRAMESKIP):
             game.set_action(buttons)
