@@ -1,23 +1,11 @@
-"""The Doom scenarios fastrl knows, in one table. No vizdoom import here, so the
-registry can list and validate names on machines without the Doom extra.
+"""The Doom scenarios fastrl knows, in one table, importable without vizdoom so the
+registry can validate names anywhere. Maps and classic configs are ViZDoom's own
+(found at run time); doom_battle's and the deathmatch configs are fastrl's
+(envs/doom/scenarios/).
 
-Maps: ViZDoom's own shipped scenarios, found at run time in vizdoom.scenarios_path.
-Configs: ViZDoom's own .cfg for its classic scenarios; fastrl's own .cfg files in
-envs/doom/scenarios/ for doom_battle and doom_deathmatch (they name no map file,
-since the install path of ViZDoom's .wad is only known at run time).
-
-Rewards (`reward`):
-    game    the scenario's own reward (its .cfg living reward, death penalty and
-            the map's scripted rewards), unchanged.
-    battle  shaped, from game-variable changes each step (see BATTLE_SHAPING).
-    gathering  the scenario's own reward plus GATHERING_PICKUP_REWARD on each step
-            whose health rose (a medikit picked up).
-    frags   change in FRAGCOUNT: +1 per frag, -1 per suicide. Nothing else.
-True objective (`objective`, reported in info["true_objective"] when an episode ends):
-    game_reward  the episode's total scenario reward (the standard score of
-                 ViZDoom's classic scenarios).
-    kills        KILLCOUNT at the end of the episode.
-    frags        FRAGCOUNT at the end of the episode.
+`reward`: game (the scenario's own), battle (shaped, BATTLE_SHAPING), gathering (the
+game's plus a medikit bonus) or frags (+1 a frag, -1 a suicide). `objective`, reported
+as info["true_objective"]: game_reward (the classic score), kills or frags.
 """
 from __future__ import annotations
 
@@ -27,14 +15,8 @@ from dataclasses import dataclass
 FASTRL_SCENARIO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios")
 
 
-# Episodes a ViZDoom engine plays before DoomEnv replaces it with a fresh one (the
-# trainer's --doom_engine_recycle_episodes defaults to it too).
-# Measured with benchmarks/experiments/doom_engine_memory.py (AMD EPYC, 2 cores): an engine grows
-# 1.6-1.9 MB per million frames it renders, and a replacement costs 0.12-0.13 s. On the
-# shortest episodes seen (doom_basic under random actions, 13 ms of bare stepping each)
-# 1000 episodes keep that cost at 1% of the engine's own stepping time, far less of a
-# trainer's, where each frame also waits for the model; and an engine then never grows
-# by more than ~8 MB (1000 of doom_battle's longest episodes, 4,200 frames each).
+# Episodes an engine plays before DoomEnv replaces it, bounding its slow memory growth
+# at about 1% of stepping time (doom_engine_memory in benchmarks/experiments/README.md).
 ENGINE_RECYCLE_EPISODES = 1000
 
 
@@ -47,9 +29,8 @@ class DoomScenario:
     objective: str  # "game_reward" | "kills" | "frags"
     description: str
     bots: int = 0  # ViZDoom bots the game's host adds after each new episode
-    # A network deathmatch that fastrl hosts on 127.0.0.1 (-host N): players respawn
-    # where they die, episodes end only at the timeout, and several learning agents
-    # may play in one game (envs/doom/match.py).
+    # A network deathmatch fastrl hosts on 127.0.0.1: players respawn, episodes end only
+    # at the timeout, and several learning agents may share a game (match.py).
     deathmatch: bool = False
     agents: int = 1  # learning agents in each game (DoomMatch seats); the default of --doom_agents
 
@@ -69,12 +50,10 @@ class DoomScenario:
         return os.path.join(vizdoom.scenarios_path, self.wad)
 
 
-# health_gathering's own reward (+1 a tic alive, -100 at death) credits a medikit
-# only through the tics it buys later, hundreds of tics after the pickup: too late
-# for a discount of 0.99 a step to carry back. A bonus on the step of the pickup
-# makes the cause visible. 100 is 25 agent steps of living reward, the weight
-# Sample Factory gives its own gathering bonus against its living reward (+1 a
-# pickup, 0.01 a tic), so the two systems are compared on the same incentive.
+# health_gathering's own reward credits a medikit only through the tics it buys much
+# later, too late for the discount to carry back; a bonus on the pickup step makes the
+# cause visible. Its weight against the living reward matches Sample Factory's, so the
+# two are compared on the same incentive.
 GATHERING_PICKUP_REWARD = 100.0
 
 
