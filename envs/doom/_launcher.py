@@ -1,18 +1,10 @@
 """Starts the ViZDoom engine so that it cannot outlive the process that owns it.
 
-ViZDoom runs the file given by DoomGame.set_vizdoom_path() as the engine; engine.py
-points that at a two-line shell script which runs
-
-    python -I -S _launcher.py REAL_ENGINE [ENGINE ARGS...]
-
-This arms PR_SET_PDEATHSIG(SIGKILL), so the kernel kills the engine when the
-thread that started it ends (ViZDoom's helper thread, which lives as long as
-the engine, or the whole owner process on any death, SIGKILL included), then
-execs the real engine: same pid, same command line, no extra process.
-
-If the owner died before the signal was armed, getppid() no longer matches the
-FASTRL_DOOM_OWNER_PID that engine.py set before DoomGame.init(), and we stop here.
-Standard library only: this runs before any package import path is set up.
+engine.py points DoomGame.set_vizdoom_path() at a shell script running
+`python -I -S _launcher.py REAL_ENGINE [ARGS...]`, which arms PR_SET_PDEATHSIG(SIGKILL)
+and execs the real engine (same pid and command line). If the owner died before
+that, getppid() no longer matches FASTRL_DOOM_OWNER_PID and it stops. Standard
+library only: it runs before any package path is set up.
 """
 import ctypes
 import os
@@ -28,8 +20,7 @@ def main() -> None:
         os._exit(64)
     engine = sys.argv[1]
     if os.environ.get("FASTRL_DOOM_LAUNCHER_CHECK") == "1":
-        # engine.py's self-test: ViZDoom crashes its host process when the engine
-        # exits at startup, so a launcher that cannot run must never be handed to it.
+        # engine.py's self-test: an engine that exits at startup crashes its host process.
         ok = os.access(engine, os.X_OK)
         os.write(1, b"fastrl-doom-launcher-ok\n" if ok else b"engine not executable\n")
         os._exit(0 if ok else 1)
@@ -42,16 +33,14 @@ def main() -> None:
     if owner.isdigit() and os.getppid() != int(owner):
         os._exit(70)
     if "-port" in sys.argv[2:]:
-        # A seat of a network game (envs/doom/match.py): the engine reports the
-        # players connecting ("Waiting for players: .. [ 2/ 2]", a dozen lines a
-        # game) on stderr and stdout, the trainer's terminal. ViZDoom talks to it
-        # through shared memory only, and reports its crashes to the Python side.
+        # A seat of a network game: the engine's player-connect chatter would flood the
+        # trainer's terminal; ViZDoom talks to it through shared memory only.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         os.close(devnull)
-        # Its network loop spins while it waits for the other players; the shim
-        # (net_yield.c) gives the core away at each empty poll.
+        # Its network loop spins while waiting for players; the shim (net_yield.c)
+        # yields the core at each empty poll.
         shim = os.environ.get("FASTRL_DOOM_NET_YIELD", "")
         if shim and os.path.isfile(shim):
             os.environ["LD_PRELOAD"] = " ".join(p for p in (shim, os.environ.get("LD_PRELOAD", "")) if p)

@@ -1,21 +1,12 @@
 """ViZDoom's engine laid out to start cheaper: a copy of its binary beside its
-resource file, vizdoom.pk3, re-packed with every entry stored uncompressed.
+resource file, vizdoom.pk3, re-packed uncompressed, as inflating it is a large share
+of an engine's start-up CPU and plans start dozens of engines.
 
-An engine inflates the pk3's compressed entries each time it starts: zlib was 28%
-of a starting engine's CPU samples (`perf`), and an engine with the stored pk3
-starts on 0.70x the CPU (145 against 207 ms, 8 engines in a row, Intel Xeon family
-6 model 207; benchmarks/README.md, thirty-seventh session). doom_battle's 2 x 32
-plan starts 64 of them on 2 cores.
-
-The engine looks for its pk3 beside its own executable as /proc/self/exe names it,
-so a symbolic link to ViZDoom's binary finds ViZDoom's compressed pk3 (measured:
-no gain); the binary is copied (5.7 MB), and the other files beside it (bots.cfg,
-the IWADs) are linked. It finds its shared libraries through its
-RPATH, $ORIGIN/../vizdoom.libs, so the folder holds a link by that name to the
-wheel's. ViZDoom crashes the process that starts an engine which exits during
-init, so the copy is used only once the dynamic loader has resolved every library
-it needs (LD_TRACE_LOADED_OBJECTS: the loader lists them and runs none of the
-engine's code); anything else falls back to ViZDoom's own binary.
+The engine looks for its pk3 beside /proc/self/exe, so the binary is copied (a link
+would find the original pk3); the other files beside it are linked, and so is the
+wheel's library folder its RPATH names. An engine that fails during init crashes its
+host, so the copy is used only once the dynamic loader resolves all its libraries;
+otherwise ViZDoom's own binary runs.
 """
 from __future__ import annotations
 
@@ -35,9 +26,8 @@ PREFIX = "doom-engine-files-"  # then a key of ViZDoom's files; a build in progr
 
 
 def stored_engine(vizdoom_dir: str, directory: str) -> Optional[str]:
-    """The path of the engine copy with the stored pk3 under `directory` (made on
-    first use, keyed by ViZDoom's files, so an upgrade makes a new one), or None
-    where it cannot be made or would not start here (then run ViZDoom's own)."""
+    """The engine copy with the stored pk3 under `directory` (made on first use, keyed
+    by ViZDoom's files), or None where it cannot be made or would not start."""
     engine, resources = os.path.join(vizdoom_dir, ENGINE), os.path.join(vizdoom_dir, RESOURCES)
     try:
         key = _key(engine, resources)
@@ -66,15 +56,14 @@ def _remove_abandoned(directory: str) -> None:
 
 
 def _build(home: str, engine: str, resources: str, libraries: str) -> None:
-    """Make `home` whole or not at all: built under a temporary name and renamed;
-    a rollout worker that loses the race to another uses the other's."""
+    """Make `home` whole or not at all (built under a temporary name and renamed); a
+    process that loses the race uses the winner's."""
     tmp = f"{home}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(os.path.join(tmp, "bin"), mode=0o700)
     shutil.copy2(engine, os.path.join(tmp, "bin", ENGINE))
     _repack_stored(resources, os.path.join(tmp, "bin", RESOURCES))
-    # What else the engine reads beside itself (bots.cfg for a game with bots, the
-    # default IWADs) is linked, not copied.
+    # What else the engine reads beside itself (bots.cfg, the IWADs) is linked.
     source = os.path.dirname(engine)
     for name in os.listdir(source):
         if name not in (ENGINE, RESOURCES):
