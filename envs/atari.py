@@ -1,43 +1,20 @@
-"""Atari games through ale-py (which ships its ROMs), with the standard preprocessing.
+"""Atari games through ale-py (which ships its ROMs), with the standard preprocessing:
+atari_<game> for every ROM, the game in ALE's snake_case (atari_pong, ...).
 
-    env = make_atari_env("atari_breakout", seed=1)   # or atari_<any ALE game id>
-    obs, info = env.reset()                          # obs: uint8 (4, 84, 84)
+One agent step: ALE v5 settings with ALE's frameskip off and no sticky actions unless
+asked (a benchmark-protocol choice); the action repeated FRAMESKIP times; the pixel-max
+of the last two grayscale frames (some sprites are drawn on alternate frames); 84x84
+INTER_AREA (keeps thin objects like Pong's ball); 4 frames stacked, uint8 (4, 84, 84).
+A new game starts with 1..30 random no-ops, then FIRE where the game waits for it.
 
-Names: atari_<game> for every ROM ale-py ships, the game in ALE's snake_case
-(atari_pong, atari_space_invaders, atari_montezuma_revenge, ...).
+Episodic life (default): a lost life ends the learner's episode (terminated) while the
+game goes on at the next reset(); the full game's score is info["true_objective"] when
+the game really ends. ALE's 108,000-frame limit is reported as truncated. Rewards are
+the game's own, unclipped: clipping is the trainer's choice.
 
-What one agent step is, in order:
-- The game is ALE's v5 settings (minimal action set, at most 108,000 frames per game)
-  with ALE's own frameskip off (1) and no sticky actions unless asked: this module
-  does the frameskip, and sticky actions are a choice of benchmark protocol
-  (Machado et al. 2018 use 0.25; DQN-era numbers use 0).
-- The action is repeated for FRAMESKIP = 4 frames; the observation is the pixel-wise
-  max of the last two, because many games draw some sprites only on alternate frames.
-  The max is taken on grayscale frames (ALE converts natively): cheaper than on RGB and
-  equal up to rounding wherever one of the two frames is dark at a pixel.
-- 84x84 grayscale (cv2 INTER_AREA, which averages rather than drops pixels and so keeps
-  thin objects like Pong's ball), the last 4 stacked channel-first: Box uint8 (4, 84, 84).
-- A new game starts with 1..30 no-op frames (random, from the env's seed), so that a
-  deterministic policy does not always see the same start, then presses FIRE for one
-  step in games whose action 1 is FIRE (Breakout waits for it forever otherwise).
-- Episodic life (default; option atari_episodic_life=False turns it off): losing a
-  life ends the learner's episode with terminated=True, while the game itself goes on;
-  the next reset(), seeded or not, continues it (pressing FIRE again where the game needs it) and
-  only a real game over or the time limit starts a new game. This gives the value
-  function a terminal signal at each death, which speeds up learning in most games.
-- The full game's score is reported as info["true_objective"] on the step where the
-  game really ends (game over or time limit), in both modes. With episodic life the
-  trainer's "return" and episode count are per life; the full-game score is the
-  true objective. Evaluation and enjoy turn episodic life off and see full games.
-- Time limit: ALE's 108,000 frames per game (27,000 agent steps), reported as
-  truncated=True (the learner bootstraps from the value there).
-- Rewards are the game's own, unclipped: clipping (or scaling) them is the trainer's
-  choice, and unclipped rewards keep the reported returns equal to game scores.
-
-Options (make's **options; unknown atari_* options are refused, others ignored):
-    atari_sticky_actions=True   repeat the previous action with probability 0.25 per frame.
-    atari_episodic_life=False   episodes are full games (for evaluation and watching).
-    render_mode="rgb_array"     render() returns the last RGB frame (210x160x3).
+Options: atari_sticky_actions=True (repeat probability 0.25), atari_episodic_life=False
+(full games, for evaluation and watching), render_mode="rgb_array". Unknown atari_*
+options are refused.
 """
 from __future__ import annotations
 
@@ -97,12 +74,9 @@ def make_atari_env(name: str, seed: int | None = None, **options) -> "AtariEnv":
 
 
 class AtariEnv(gymnasium.Env):
-    """One ALE game behind the preprocessing of the module docstring.
-
-    It drives the ALE interface directly inside a step: only the two frames that are
-    pooled are read from the emulator, instead of an observation array per frame.
-    `max_game_frames` exists so tests can reach the time limit quickly.
-    """
+    """One ALE game behind the module docstring's preprocessing, driving the ALE
+    interface directly so only the two pooled frames are read from the emulator.
+    `max_game_frames` lets tests reach the time limit quickly."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": RENDER_FPS}
 
@@ -149,10 +123,9 @@ class AtariEnv(gymnasium.Env):
         if seed is None:
             seed, self._first_seed = self._first_seed, None
         super().reset(seed=seed)
-        # After a life lost with episodic life the game goes on, seed or no seed: the
-        # trainer seeds every episode's reset, and a seed that started a new game
-        # there would make every learner episode the first life of a fresh game, with
-        # no game ever over (no true objective) and ALE's ~120-ms ROM reload each time.
+        # After a lost life the game goes on, seed or no seed: the trainer seeds every
+        # reset, and a new game each time would never reach game over (no true
+        # objective) and reload the ROM every life.
         if self._continue_game:
             frame = self._next_life()
         else:
@@ -175,8 +148,8 @@ class AtariEnv(gymnasium.Env):
             if self.episodic_life:
                 self._continue_game = True
             elif self._fire:
-                # A full-game episode goes on through the FIRE the game waits for, the
-                # same press reset() gives with episodic life: both modes play alike.
+                # A full-game episode presses the FIRE the game waits for, as reset()
+                # does with episodic life, so both modes play alike.
                 fire_reward, frame = self._repeat(self._actions[1])
                 reward += fire_reward
         terminated = game_over or (life_lost and self.episodic_life)
@@ -193,8 +166,8 @@ class AtariEnv(gymnasium.Env):
 
     # -- helpers --------------------------------------------------------------------------
     def _repeat(self, action) -> tuple:
-        """Play `action` for FRAMESKIP frames (fewer if the game ends): (reward, pooled 84x84 frame).
-        The reward also joins the running game score."""
+        """Play `action` for FRAMESKIP frames (fewer if the game ends), adding to the game
+        score: (reward, pooled 84x84 frame)."""
         reward, grabbed = 0.0, 0
         for i in range(FRAMESKIP):
             reward += self._ale.act(action)
@@ -209,13 +182,9 @@ class AtariEnv(gymnasium.Env):
         return reward, self._resize(pooled)
 
     def _new_game(self, seed: int | None) -> np.ndarray:
-        """Reset the game, then no-ops (their count drawn from the env's seed) and FIRE.
-
-        ALE takes a seed only by reloading the ROM (ale_py's reset(seed=...)): ~120 ms,
-        where a reset without one takes 5-8 ms and a step 0.4-0.6 ms (AMD EPYC). So the
-        first seed given seeds it, and later games go on from its random stream. Without
-        sticky actions ALE draws nothing from that stream and a seed gives the same game
-        every time; with them, the sticky repeats of a game depend on the games before."""
+        """Reset the game, then random no-ops and FIRE. ALE takes a seed only by
+        reloading the ROM, which is slow, so only the first seed given seeds it and later
+        games continue its random stream."""
         self._game.reset(seed=None if self._ale_seeded else seed)
         self._ale_seeded = self._ale_seeded or seed is not None
         self._game_return = 0.0
