@@ -2,31 +2,18 @@
 
     spec = get_spec("doom_battle")          # or any gymnasium id: "CartPole-v1"
     env = spec.make(seed=1, **options)      # one gymnasium.Env, never autoresetting
-    frames = steps * spec.frameskip         # env frames per agent step
-    agents = spec.make_match(seed=1, agents=2, **options)  # doom_duel, doom_deathmatch:
-                                            # the learning agents of one game, each an env
-                                            # that steps in two halves (envs/doom/match.py)
+    agents = spec.make_match(seed=1, agents=2, **options)  # deathmatch: one env per agent
 
-Names: fastrl's Doom scenarios first (doom_battle, doom_basic, ..., doom_custom;
-see envs/doom/scenarios.py), then atari_<game> for every ALE game (atari_pong,
-atari_breakout, ...; see envs/atari.py), then any id in gymnasium's registry. An unknown
-name raises UnknownEnvError (a ValueError) with one sentence and a suggestion.
-
-Options (`**options` of make; the trainer passes the same set to every env):
-    doom_scenario=PATH.cfg   your own ViZDoom config: required by doom_custom;
-                             with another doom_* name, its map and buttons replace
-                             the scenario's while the name keeps its reward/objective.
-    doom_measurements=True   Dict observation {"obs": image, "measurements": (5,)}.
-    render_mode="rgb_array"  frames for videos (the only option gymnasium ids get).
-    doom_episode_timeout=N   episode timeout in engine tics (default: the config's).
-    doom_num_bots=N          bots in doom_deathmatch (default 6) or doom_duel (default 0).
-    doom_hang_timeout=S      seconds an engine call may take before the engine is
-                             declared hung and restarted (default 20).
-    doom_engine_recycle_episodes=N  a fresh engine process after every N episodes
-                             on one, for flat memory over days (default 0: never).
-    atari_sticky_actions=True   repeat the last action with probability 0.25 per frame.
-    atari_episodic_life=False   an episode is a full game, not one life (evaluation).
-Other options are ignored, so a trainer can pass Doom options to CartPole.
+Names resolve as fastrl's Doom scenarios, then atari_<game>, then gymnasium ids
+("module:EnvId" imports the module first); an unknown name raises UnknownEnvError
+with a suggestion. The trainer passes every env the same options and each ignores
+those not its own:
+    doom_scenario=PATH.cfg   a ViZDoom config (required by doom_custom; with another
+                             doom_* name, the name keeps its reward and objective)
+    doom_measurements, doom_episode_timeout, doom_num_bots, doom_hang_timeout,
+    doom_engine_recycle_episodes (default scenarios.ENGINE_RECYCLE_EPISODES; 0: never)
+    atari_sticky_actions, atari_episodic_life (see envs/atari.py)
+    render_mode="rgb_array"  frames for videos (the only option gymnasium ids get)
 """
 from __future__ import annotations
 
@@ -48,14 +35,11 @@ class EnvSpec:
     make: Callable[..., gymnasium.Env] = field(repr=False)  # make(seed: int | None = None, **options)
     frameskip: int = 1  # env frames per agent step
     description: str = ""
-    # Whether several threads may call make at once, and gain from it. True only
-    # where making an env mostly waits with the GIL released (a ViZDoom engine
-    # starting in its own process); an arbitrary gymnasium env is not known to be
-    # thread-safe to make, and a cheap one would only pay for the threads.
+    # Whether threads may make envs at once and gain from it: only where making one
+    # mostly waits with the GIL released (a ViZDoom engine starting).
     parallel_make: bool = False
-    # Games that hold several learning agents (fastrl's deathmatch scenarios):
-    # make_match(seed, agents, **options) -> one env per agent of a new game. spec.make
-    # then makes one agent's game alone, for its spaces and costs.
+    # Games holding several learning agents: make_match(seed, agents, **options) gives
+    # one env per agent of a new game; spec.make makes one agent's game alone.
     make_match: Callable[..., list] | None = field(default=None, repr=False)
 
     def spaces(self, **options) -> tuple:
@@ -103,9 +87,8 @@ def _gymnasium_spec(env_id: str) -> EnvSpec:
 
 
 def _module_spec(name: str) -> EnvSpec:
-    """gymnasium's "module:EnvId" form: importing the module registers EnvId. Every
-    process that calls get_spec imports it, so an env registered in the user's own
-    module also exists in the spawned workers."""
+    """gymnasium's "module:EnvId" form: importing the module registers EnvId, in every
+    process that calls get_spec, so the user's own envs exist in spawned workers too."""
     module, env_id = name.split(":", 1)
     try:
         importlib.import_module(module)
