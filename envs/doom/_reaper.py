@@ -1,22 +1,11 @@
 """The reaper: removes a dead owner's ViZDoom games.
 
-Every Python process that starts Doom games starts one reaper (see engine.py)
-with ``python -I -S _reaper.py OWNER_PID`` and keeps the write end of a pipe to
-its stdin. The owner writes one line per event:
-
-    ?            an init begins (its segments may exist before we know its id)
-    =            that init ended (registered or failed)
-    +ID PID      game ID is running, its engine process is PID
-    -ID          game ID was closed by its owner
-
-The pipe reaches EOF only when the owner is gone (whatever killed it, SIGKILL
-included). The reaper then kills every registered engine still alive, unlinks
-the registered games' /dev/shm segments, and, if an init was under way, also
-the ViZDoom segments created since then that no live process maps (looking
-again for a few seconds: see sweep_unregistered). Then it exits.
-
-This file is also imported by engine.py for the /proc and /dev/shm helpers, so
-it must stay free of imports outside the standard library.
+Each process that starts Doom games starts one reaper (`python -I -S _reaper.py
+OWNER_PID`) and writes events to its stdin: `?` an init begins, `=` it ended,
+`+ID PID` game ID runs engine PID, `-ID` game ID closed. EOF means the owner is gone,
+however it died: the reaper kills the registered engines, unlinks their segments and,
+if an init was under way, sweeps the unmapped segments created since. engine.py
+imports its /proc and /dev/shm helpers, so it uses the standard library only.
 """
 from __future__ import annotations
 
@@ -28,8 +17,7 @@ import time
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
-# A segment's name is one of the prefixes followed by the game's instance id
-# (10 alphanumerics in ViZDoom 1.3.2).
+# A segment's name: one of the prefixes, then the game's instance id.
 _SEGMENT_RE = re.compile(r"^(ViZDoomMQCtr|ViZDoomMQDoom|ViZDoomSM)([A-Za-z0-9]+)$")
 
 
@@ -93,11 +81,8 @@ def _all_pids():
 
 
 def mapped_paths(substring: str = "ViZDoom") -> set:
-    """Paths containing `substring` that some live process has mapped.
-
-    Processes whose maps cannot be read (another user's) are skipped: their
-    segments live in files we could not remove anyway (/dev/shm is sticky).
-    """
+    """Paths containing `substring` that some live process maps; processes whose maps
+    cannot be read are skipped (their segments could not be removed anyway)."""
     paths = set()
     needle = substring.encode()
     for pid in _all_pids():
@@ -117,9 +102,8 @@ def mapped_paths(substring: str = "ViZDoom") -> set:
 
 
 def stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_than: float | None = None) -> list:
-    """ViZDoom segments in shm_dir that no live process maps and that were last
-    modified more than grace_s ago (a game being created has its segments
-    before anyone maps them). With newer_than, only segments modified since then."""
+    """ViZDoom segments no live process maps, modified over grace_s ago (a game being
+    created exists briefly unmapped) and, with newer_than, since then."""
     try:
         names = [n for n in os.listdir(shm_dir) if parse_segment(n)]
     except OSError:
@@ -145,8 +129,7 @@ def stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_than: fl
         if newer_than is not None and st.st_mtime < newer_than:
             continue
         stale.append(name)
-    # A segment is only stale if its whole game is: keep every segment of an id
-    # that still has one mapped (the engine or the controller still holds it).
+    # A segment is stale only if its whole game is: keep every id with a segment mapped.
     live_ids = {parse_segment(os.path.basename(p))[1] for p in in_use if parse_segment(os.path.basename(p))}
     return [n for n in stale if parse_segment(n)[1] not in live_ids]
 
@@ -155,16 +138,11 @@ def remove_stale_segments(shm_dir: str = SHM_DIR, grace_s: float = 10.0, newer_t
     return _unlink(stale_segments(shm_dir, grace_s, newer_than), shm_dir)
 
 
-# When an init was under way at the owner's death, its game has no id we know,
-# and at EOF its engine may still be alive: the kernel sends the engine its
-# parent-death SIGKILL only as the owner's threads finish exiting, after the
-# owner's files (our pipe) are closed, and an engine forked but not yet exec'd
-# still maps the owner's segments until its launcher sees the owner gone. One
-# look at EOF then finds the game's segments mapped and keeps them for good
-# (the likely way one game outlived a chaos run with ~80 engine restarts). So
-# the reaper looks again over a few seconds. A segment is removed only when two
-# looks in a row find it unmapped: another owner creating a game right now has
-# its segments unmapped for an instant, never for half a second.
+# An init under way at the owner's death has no id we know, and its engine may still
+# map the segments for a moment after EOF (the parent-death signal arrives after the
+# owner's files close). So the reaper looks again over a few seconds, removing a
+# segment only when two looks in a row find it unmapped; a game another owner is
+# creating is never unmapped that long.
 SWEEP_DELAYS_S = (0.0, 0.5, 1.0, 1.5, 3.0)
 
 
@@ -181,7 +159,7 @@ def sweep_unregistered(newer_than: float, shm_dir: str = SHM_DIR, delays=SWEEP_D
 
 
 def _kill_engine(pid: int, instance_id: str) -> None:
-    # Check the command line first: the pid may have been reused by now.
+    # Check the command line first: the pid may have been reused.
     if is_engine_of(pid, instance_id):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -192,8 +170,7 @@ def _kill_engine(pid: int, instance_id: str) -> None:
 def main(argv) -> int:
     # argv: _reaper.py OWNER_PID [SHM_DIR]; the folder is for tests.
     shm_dir = argv[2] if len(argv) > 2 else SHM_DIR
-    # Ctrl-C, a terminal hang-up or a SIGTERM sent to everything must not take
-    # the reaper down before its owner: it exits when the owner is gone.
+    # Ignore Ctrl-C, hang-ups and broadcast SIGTERMs: the reaper leaves after its owner.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     games = {}  # instance id -> engine pid

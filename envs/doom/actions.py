@@ -1,28 +1,10 @@
-"""Doom's action space: a product of small discrete choices (gymnasium MultiDiscrete).
-
-One mechanism for every scenario: the scenario's available buttons (its .cfg) are
-grouped into heads, in this order, each head present only if its buttons are:
-
-    move    none / forward / back        MOVE_FORWARD, MOVE_BACKWARD
-    strafe  none / left / right          MOVE_LEFT, MOVE_RIGHT
-    attack  no / yes                     ATTACK
-    sprint  no / yes                     SPEED
-    turn    11 angles, -20..+20 degrees  TURN_LEFT_RIGHT_DELTA
-            per agent step; or, without the delta button,
-            none / left / right          TURN_LEFT, TURN_RIGHT
-    look    none / up / down             LOOK_UP_DOWN_DELTA
-    then one no/yes head per other binary button (USE, JUMP, SELECT_WEAPON3, ...)
-    and one none/+/- head per other delta button.
-
-When a scenario has both a delta button and the binary buttons for the same
-motion (TURN_LEFT_RIGHT_DELTA and TURN_LEFT, or MOVE_LEFT_RIGHT_DELTA and
-MOVE_LEFT), the delta or binary one named above is used and the other stays
-unpressed. So doom_battle gets MultiDiscrete([3, 3, 2, 2, 11]) and doom_basic
-(MOVE_LEFT, MOVE_RIGHT, ATTACK) gets MultiDiscrete([3, 2]).
-
-Delta buttons take a value per tic and make_action repeats it for every skipped
-frame (measured: TURN_LEFT_RIGHT_DELTA 2.5 for 4 tics turns 10 degrees; positive
-turns right), so a per-step angle is divided by the frameskip.
+"""Doom's action space: a MultiDiscrete of small heads built from the scenario's
+buttons, each present only if its buttons are: move (none/forward/back), strafe,
+attack, sprint, turn (11 angles with TURN_LEFT_RIGHT_DELTA, else none/left/right),
+look, then a no/yes head per other binary button and a none/+/- head per other delta
+button. Where a delta button and its binary twins both exist, only the one above is
+used (doom_battle: [3, 3, 2, 2, 11]; doom_basic: [3, 2]). Delta values are per tic
+and repeat for every skipped frame, so per-step angles are divided by the frameskip.
 """
 from __future__ import annotations
 
@@ -121,11 +103,8 @@ class ActionMapper:
         index = {b: i for i, b in enumerate(self.buttons)}
         self._rows = [[tuple((index[b], v) for b, v in choice) for choice in h.presses] for h in self.heads]
         self.nvec = np.array([h.n for h in self.heads], dtype=np.int64)
-        # The button values of every action taken so far: a step looks its action up
-        # (~2 us) instead of building the list (~15 us, of a rollout worker's ~200 us
-        # of its own CPU time per Doom step). doom_battle has 396 actions, ~100 kB of
-        # lists when all are seen; a scenario with many more builds each time.
-        # make_action and set_action only read the list.
+        # Each action's button values, built once and looked up per step (cheaper than
+        # building the list); callers only read it. Skipped for huge action spaces.
         self._values: Optional[dict] = {} if int(np.prod(self.nvec)) <= MAX_REMEMBERED_ACTIONS else None
 
     def __call__(self, action) -> list:
