@@ -4,25 +4,12 @@
     for env in agents: env.step_send(action_of(env))            # every agent acts...
     results = [env.step_receive() for env in agents]             # ...then all have stepped
 
-Each agent is a seat of the game: seat 0 hosts it (-host N), the others join it.
-Each seat is a DoomEnv (its screen, actions, reward and objective are a single
-player's) driven by its own thread, since a network game moves only when every
-player moves: the seats run each tic together (DoomEnv._seated_tics), and a
-player's make_action or new_episode alone waits forever.
-
-What a trainer sees is one gymnasium env per agent whose step comes in two halves,
-so that a rollout worker can give every agent of a game its action (from whichever
-policy acts for it) before it waits for any of them. All seats of a match also
-reset together, when the first of them asks: their episodes end on the same step
-(the same timeout, the same tic), and one that ends alone (its engine died) ends
-the others' too, so that no agent's trajectory runs on into another game.
-
-Faults: an engine that dies takes the match's other engines with it (they would
-otherwise wait for its tics until their hang timeout), every seat's episode ends
-truncated on that step, and the next reset starts every engine afresh on a new
-port. A seat that cannot start makes ViZDoom crash the process the host waits in
-(after +viz_connect_timeout), as it does for any engine that dies during init: the
-rollout worker is then restarted like any other dead worker.
+Each seat is a DoomEnv on its own thread (seat 0 hosts): a network game moves only
+when every player does, so seats run each tic together. The two-half step lets a
+rollout worker give every agent its action before waiting on any. Seats reset
+together and their episodes end on the same step; one that ends alone (a dead engine)
+ends the others' too, and a dead engine takes the others' with it rather than leave
+them waiting. The next reset restarts every engine on a new port.
 """
 from __future__ import annotations
 
@@ -42,17 +29,16 @@ CONNECT_TIMEOUT_S = 30.0
 
 
 def free_udp_port() -> int:
-    """A UDP port on 127.0.0.1 that nothing holds now (ZDoom's network game is UDP).
-    Another program could take it before the host does; the host then fails to
-    start, and the match starts again on another port."""
+    """A free UDP port on 127.0.0.1; if another program takes it first, the host fails
+    and the match starts again on another port."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class Seat:
-    """A player's place in a match, as its DoomEnv reads it when it (re)starts its
-    engine and steps: the port and tic barrier are the match's current ones."""
+    """A player's place in a match; port and tic barrier are read live, as a restart
+    replaces them."""
 
     def __init__(self, match: "DoomMatch", index: int):
         self._match = match
@@ -72,10 +58,8 @@ class Seat:
 class DoomMatch:
     def __init__(self, scenario: str, seed: int | None = None, agents: int | None = None,
                  engine_recycle_episodes: int = ENGINE_RECYCLE_EPISODES, **doom_kwargs):
-        """scenario: a deathmatch scenario's name (doom_duel, doom_deathmatch).
-        agents: learning agents in the game (the scenario's own count if None).
-        engine_recycle_episodes: every engine starts afresh after this many episodes
-            (0: never), all of a match's at once, as they start together.
+        """agents: learning agents in the game (default: the scenario's). Every engine
+        is recycled after engine_recycle_episodes (0: never), all at once.
         doom_kwargs: DoomEnv's other options, the same for every seat."""
         self.scenario = get_scenario(scenario)
         if not self.scenario.deathmatch:
@@ -114,8 +98,8 @@ class DoomMatch:
         self.agents = [DoomAgentEnv(self, i) for i in range(self.num_agents)]
 
     def _each(self, fn) -> list:
-        """fn(i) for every seat at once, each on its own thread; the first error
-        raised once all have returned, the other seats' results closed."""
+        """fn(i) for every seat at once; the first error is raised once all returned,
+        the other seats' envs closed."""
         futures = [self._pool.submit(fn, i) for i in range(self.num_agents)]
         results, error = [], None
         for f in futures:
@@ -162,8 +146,8 @@ class DoomMatch:
         return result
 
     def _collect(self, futures: list) -> list:
-        """The seats' step results. A seat whose engine died ends the others'
-        engines at once; a seat whose episode ended alone ends everyone's."""
+        """The seats' step results. A dead engine ends the others' at once; an episode
+        that ended alone ends everyone's."""
         pending = set(futures)
         broken = False
         while pending:
@@ -193,8 +177,8 @@ class DoomMatch:
 
     # -- episodes ----------------------------------------------------------------------
     def reset(self, agent: int, seed: int | None):
-        """Agent `agent`'s first observation of the match's next episode: the first
-        agent to ask resets every seat (seat i with seed + i); the others take theirs."""
+        """Agent `agent`'s first observation of the next episode; the first agent to ask
+        resets every seat (seat i with seed + i)."""
         if self._fresh is None:
             self._fresh = self._reset_all(seed)
         obs, info = self._fresh[agent]
@@ -221,8 +205,8 @@ class DoomMatch:
                            f"last error: {last}")
 
     def _restart_engines(self, recycled: bool) -> None:
-        """End every seat's engine; their next reset starts them together on a new
-        port (the old one may still be held by an engine's socket)."""
+        """End every seat's engine; the next reset starts them on a new port, as the old
+        one may still be held."""
         self.end_engines()
         self.port = free_udp_port()
         self.tic_barrier = threading.Barrier(self.num_agents)
@@ -231,8 +215,7 @@ class DoomMatch:
             self.engine_recycles += 1
 
     def end_engines(self) -> None:
-        """End every engine now; the next reset starts them all again (a restart, a
-        recycling, or an agent env that raised, which DoomEnv itself never does)."""
+        """End every engine now; the next reset starts them all again."""
         for p in self.players:
             p.end_engine()
 
@@ -247,9 +230,8 @@ class DoomMatch:
 
 
 class DoomAgentEnv(gym.Env):
-    """One agent of a DoomMatch as a gymnasium env: step_send, then step_receive
-    once every agent of the match has sent (step() does both, for the last one).
-    Spaces, frameskip and render are its seat's."""
+    """One agent of a DoomMatch as a gymnasium env: step_send, then step_receive once
+    every agent has sent (step() does both, for the last one)."""
 
     def __init__(self, match: DoomMatch, index: int):
         self.match, self.index = match, index
