@@ -1,9 +1,5 @@
-"""ViZDoom environments: DoomEnv and the scenario table.
-
-Importing this package does not import vizdoom; DoomEnv and make_doom_env do,
-on first use, so the registry can name Doom envs where the Doom extra is not
-installed and say how to install it.
-"""
+"""ViZDoom environments: DoomEnv and the scenario table. Importing this package does
+not import vizdoom, so the registry can name Doom envs where the extra is missing."""
 from fastrl.envs.doom.scenarios import ENGINE_RECYCLE_EPISODES, SCENARIOS, DoomScenario, get_scenario
 
 __all__ = ["ENGINE_RECYCLE_EPISODES", "SCENARIOS", "DoomScenario", "get_scenario", "DoomEnv", "make_doom_env",

@@ -1,10 +1,7 @@
-"""The network shim a match's engines run with (net_yield.c): built here once per
-machine with the C compiler, kept in fastrl's private temp folder, and handed to
-the launcher, which preloads it into the engines of a network game's players only.
-
-Measured (AMD EPYC, 2 cores, doom_duel, agents stepped with random actions and no
-model): 4 games 759 -> 2,209 agent steps/s, 16 games 733 -> 1,569. Without a
-compiler the engines spin as ViZDoom has them, and games are that much slower.
+"""The network shim a match's engines run with (net_yield.c): built once per machine
+with the C compiler into fastrl's private temp folder and preloaded by the launcher
+into network-game engines only, so their spinning network loop yields its core.
+Without a compiler the engines spin as ViZDoom has them, and games run slower.
 """
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ def _compiler() -> str | None:
 
 
 def library_path() -> str | None:
-    """The built shim, building it on the first call in a process where it is
-    missing; None where it cannot be built (no compiler, a failed build)."""
+    """The built shim (built on first need), or None where it cannot be built."""
     global _built, _tried
     with _lock:
         if _tried:
@@ -48,8 +44,7 @@ def library_path() -> str | None:
             key = hashlib.sha1(fh.read() + compiler.encode()).hexdigest()[:12]
         path = os.path.join(directory, f"doom-net-yield-{key}.so")
         if not os.path.isfile(path):
-            # Built beside its name and renamed into place: two workers building at
-            # once never preload a half-written library.
+            # Built beside its name and renamed in, so concurrent builds never preload half a file.
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
             os.close(fd)
             try:
