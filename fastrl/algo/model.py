@@ -1,13 +1,10 @@
 """The actor-critic network and the observation layout it shares with the buffers.
 
-Observations travel as {key: tensor} ("obs" for a plain space, a Dict's own keys);
-`obs_layout` fixes each key's shape and storage dtype so shared memory can be
-allocated before any env runs. Images stay uint8 until inside the model: a quarter
-of float32's memory and copy bandwidth.
-
-`act` is one inference step; `evaluate` is the learner's unroll over [T+1, B], the
-encoders batched over all steps and only the GRU looped (`gru_sequence`). Both share
-`_encode` and `gru_step`, so acting and learning compute the same numbers.
+Observations travel as {key: tensor}; `obs_layout` fixes each key's shape and storage
+dtype so shared memory can be allocated before any env runs. Images stay uint8 until
+inside the model (a quarter of float32's bytes to store and copy). `act` is one
+inference step, `evaluate` the learner's unroll; both share `_encode` and `gru_step`,
+so acting and learning compute the same numbers.
 """
 
 import copy
@@ -184,7 +181,6 @@ class VectorEncoder(nn.Module):
         self.net, self.out_dim = _mlp(int(np.prod(shape, dtype=np.int64)), hidden_sizes, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, *shape] -> features [N, out_dim]."""
         x = x.float()
         if self.norm is not None:
             x = self.norm(x)
@@ -200,7 +196,6 @@ class DiscreteEncoder(nn.Module):
         self.net, self.out_dim = _mlp(self.n, hidden_sizes, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x int64 [N] -> features [N, out_dim]."""
         return self.net(F.one_hot(x.long() - self.start, self.n).float())
 
 
@@ -322,13 +317,9 @@ class EvalOutput(NamedTuple):
 
 class ActorCritic(nn.Module):
     """Encoders per observation key, an optional GRU core, policy and value heads.
-
-    normalize_obs keeps running statistics of vector observations and image pixels
-    (the learner updates them via `update_normalizer`); normalize_returns has the
-    value head predict normalised values (`value_scale` maps them back).
-    separate_critic gives the value head its own encoders: more compute, but the
-    value loss no longer pulls on the policy's features, which small vector models
-    learn faster with.
+    separate_critic gives the value head its own encoders: more compute, but the value
+    loss no longer pulls on the policy's features, which small vector models learn
+    faster with. The learner feeds the normalisers (`update_normalizer`, `return_norm`).
     """
 
     def __init__(
@@ -374,7 +365,6 @@ class ActorCritic(nn.Module):
         self.policy_head = nn.Linear(self.core_size, self.action_spec.num_params)
         critic_features = sum(e.out_dim for e in self.critic_encoders) if separate_critic else self.core_size
         self.value_head = nn.Linear(critic_features, 1)
-        # Box policies: a state-independent log-std, starting at std 1.
         self.log_std = None
         if self.action_spec.is_continuous:
             self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
@@ -436,7 +426,6 @@ class ActorCritic(nn.Module):
         return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
 
     def _values(self, obs: Dict[str, torch.Tensor], core_out: torch.Tensor) -> torch.Tensor:
-        """Values [N] from the shared core output, or from the critic's own encoders."""
         if self.critic_encoders is None:
             return self.value_head(core_out).squeeze(-1)
         return self.value_head(self._encode(obs, self.critic_encoders)).squeeze(-1)
@@ -449,7 +438,6 @@ class ActorCritic(nn.Module):
         return h, h
 
     def _gru_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The GRU's input projection x W_ih^T + b_ih [N, 3H] of features [N, F_enc]."""
         return F.linear(x, self.core.weight_ih, self.core.bias_ih)
 
     def _distribution(self, core_out: torch.Tensor):
@@ -572,7 +560,6 @@ def _float_tensors(model: nn.Module) -> List[torch.Tensor]:
 
 
 def flat_state_size(model: nn.Module) -> int:
-    """Number of float32 values `flat_state(model)` returns."""
     return sum(t.numel() for t in _float_tensors(model))
 
 
@@ -598,11 +585,8 @@ def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
 
 
-# --------------------------------------------------------------------------------------
-# From the configuration
 
 def resolve_device(cfg) -> str:
-    """cfg.device with auto decided: cuda when torch sees a device, else cpu."""
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg.device
