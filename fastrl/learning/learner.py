@@ -123,7 +123,6 @@ class Learner:
         load_flat_state(self.model, flat)
         return peers
 
-    # -- loop ---------------------------------------------------------------------------
     def run(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         pending: list = []
@@ -205,9 +204,7 @@ class Learner:
     def _params_finite(self) -> bool:
         return all(torch.isfinite(p).all() for p in self.model.parameters())
 
-    # -- one batch ----------------------------------------------------------------------
     def train_on(self, batch: dict) -> None:
-        """One learner step on a batch already on the learner's device."""
         cfg = self.cfg
         lag, valid = lag_mask(self.version, batch["policy_version"], cfg.max_policy_lag)
         self._record_lag(lag, valid)
@@ -348,7 +345,6 @@ class Learner:
         except queue.Full:
             pass  # metrics are a report, never a reason to stall training
 
-    # -- checkpoints ----------------------------------------------------------------------
     def save(self) -> str:
         state = {
             "model": {k: v.cpu() for k, v in self.model.state_dict().items()},
@@ -512,9 +508,8 @@ def _rows(value, rows: torch.Tensor):
 
 @torch.no_grad()
 def final_values(model, mb: dict, ev) -> torch.Tensor:
-    """Value of the last obs of each time-limit-truncated episode (zeros
-    elsewhere), under the current params and in return units: the bootstrap a cut
-    episode is owed."""
+    """Value of each time-limit-truncated episode's last obs in return units (zeros
+    elsewhere): the bootstrap a cut episode is owed."""
     truncated = mb["truncated"]
     v_final = torch.zeros_like(mb["rewards"])
     if not truncated.any():
