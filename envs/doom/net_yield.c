@@ -1,13 +1,10 @@
 /* fastrl: preloaded into the ViZDoom engines of a network game (envs/doom/match.py).
 
-   While an engine waits for another player's tic it calls recvfrom on its
-   non-blocking UDP socket again and again: 27 empty calls for each packet it sent,
-   measured with strace. On a machine with fewer cores than engines that spinning
-   takes the core from the very engine it waits for. After each empty call this
-   gives the core away (sched_yield) and then lets the engine spin on: the engine
-   never waits longer than it did, and a player with work to do runs sooner.
-   (Sleeping in poll instead made games 4-6x slower: the same loop sends the
-   engine's own tic, and every player then waited on every other.) */
+   While an engine waits for another player's tic it spins on recvfrom over its
+   non-blocking UDP socket, taking the core from the very engine it waits for when
+   engines outnumber cores. After each empty call this yields the core and lets the
+   engine spin on: it never waits longer, and a player with work runs sooner.
+   (Sleeping in poll instead stalls the same loop that sends the engine's own tic.) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
