@@ -55,12 +55,12 @@ def _tree_cpu_s(root: psutil.Process) -> float:
 
 
 def sample(pid: Optional[int] = None, stat: str = "/proc/stat") -> Optional[CpuSample]:
-    """The cores' busy time and process `pid`'s tree's (this process's by default),
-    now; None where the kernel does not say (not Linux)."""
+    """The busy time of the cores process `pid` may use (this process by default)
+    and the CPU time of its tree, now; None where the kernel does not say."""
     try:
-        cores = os.sched_getaffinity(0)
+        cores = os.sched_getaffinity(pid or 0)
         root = psutil.Process(pid)
-    except (AttributeError, psutil.Error):
+    except (AttributeError, OSError, psutil.Error):
         return None
     busy = _cores_busy_s(cores, stat)
     return None if busy is None else CpuSample(time.monotonic(), busy, _tree_cpu_s(root))
