@@ -139,6 +139,15 @@ class TrainedMark(NamedTuple):
     cpu: Optional[machine_load.CpuSample]
 
 
+def longest_stall(marks: List[TrainedMark]) -> float:
+    """The longest stretch of consecutive reports over which nothing was trained."""
+    stall = longest = 0.0
+    for a, b in zip(marks, marks[1:]):
+        stall = stall + (b.at - a.at) if b.trained <= a.trained else 0.0
+        longest = max(longest, stall)
+    return longest
+
+
 class Failure(NamedTuple):
     """What ended a run: the child's name, why in one clause ("was killed by SIGKILL",
     "raised ValueError: ..."), and the text to print, traceback included."""
@@ -1087,8 +1096,7 @@ class Runner:
         run = layout_memory.RunWindow(
             seconds=seconds, foreign_cores=foreign, cores=usable_cores(),
             step_s=seconds * self.cfg.batch_size / samples if samples > 0 else math.inf,
-            longest_stall_s=max((b.at - a.at for a, b in zip(window, window[1:]) if b.trained <= a.trained),
-                                default=0.0),
+            longest_stall_s=longest_stall(window),
             restarts=int(self.supervisor.total_restarts + self.count("env_restarts") + self.earlier.learner_restarts),
             policies=self.cfg.num_policies, compiling=self.compiled_at > window[0].at)
         why = layout_memory.why_not_a_measure(run)
