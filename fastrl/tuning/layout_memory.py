@@ -1,18 +1,6 @@
-"""What earlier runs of a setup trained at, against what the planner predicted.
-
-The planner's model errs the same way run after run on one machine, by inference
-mode (local or policy workers): what a policy worker costs in a run that keeps
-every core busy is not in a quiet profile. So a run that measured its layout keeps,
-per machine and setup as the profile is, its steady trained rate over the model's
-prediction, and the next plan scales each mode's candidates by its runs' ratio.
-
-A run is only evidence when it measured the layout (`why_not_a_measure`): no other
-program took the cores, nothing restarted, the learner trained throughout, compiles
-were done. Beyond that gate the statistic is one-sided on purpose: other work can
-only slow a run, so a mode's scale is the upper quartile of its recent runs, and
-one slow run among them moves it little. A mode the memory rules out is tried
-again after RETRY_AFTER runs of the others, when the model puts it near the best.
-"""
+"""Earlier runs' trained rate over the planner's prediction, per machine, setup and inference mode:
+the model errs the same way run after run on one machine (a quiet profile misses what a policy
+worker costs when every core is busy), so the next plan scales each mode's candidates by it."""
 from __future__ import annotations
 
 import statistics
@@ -27,12 +15,11 @@ from fastrl.tuning.profiling import PROFILED_OPTIONS, read_cache, setup_cache_pa
 # A window shorter than this says more about the run's start than about its layout.
 MIN_WINDOW_S = 30.0
 KEPT_RUNS = 6  # per mode: enough for a quartile, few enough to follow a machine that changes
-MAX_AGE_S = 30 * 24 * 3600.0  # a month: drivers, kernels and neighbours change
-RETRY_AFTER = 10  # runs of the other modes before a ruled-out mode is tried again: a tenth of runs at most
-# The most a mode's memory moves its prediction: the model's errors measured 0.7-1.3x.
+MAX_AGE_S = 30 * 24 * 3600.0
+RETRY_AFTER = 10  # runs of the other modes before a ruled-out mode is tried again
+# The most a mode's memory moves its prediction: a little wider than the model's errors.
 SCALE_BOUNDS = (0.7, 1.4)
-# The longest the learner may train nothing inside the window: a few seconds, or a
-# few of its own steps where those are slow (a large batch).
+# The longest the learner may train nothing in the window: seconds, or a few of its steps if slow.
 MAX_STALL_S = 5.0
 STALL_STEPS = 4
 # What, beside the profiled costs, sets the rate a layout trains at.
@@ -45,9 +32,9 @@ class RunWindow(NamedTuple):
     seconds: float
     foreign_cores: Optional[float]  # cores other programs kept busy on average (None: unknown)
     cores: int
-    longest_stall_s: float  # the longest stretch between reports with no sample trained
-    step_s: float  # the learner's mean seconds a batch over the window
-    restarts: int  # workers, envs and learners restarted during the run
+    longest_stall_s: float
+    step_s: float
+    restarts: int
     policies: int
     compiling: bool  # a compile ended inside the window
 
@@ -74,7 +61,6 @@ def _path(cfg, precision: Precision) -> str:
 
 
 def _runs(path: str, now: float) -> List[dict]:
-    """The kept runs at `path`, oldest first, those past MAX_AGE_S or malformed dropped."""
     runs = read_cache(path).get("runs")
     if not isinstance(runs, list):
         return []
@@ -86,8 +72,7 @@ def _runs(path: str, now: float) -> List[dict]:
 
 def remember(cfg, precision: Precision, inference: str, predicted_steps_per_s: float,
              trained_steps_per_s: float, now: Optional[float] = None) -> None:
-    """Keep a run's trained rate over its model prediction; only for a run that
-    measured its layout (why_not_a_measure)."""
+    """Keep a run's trained rate over its prediction; call it only for runs why_not_a_measure accepts."""
     if predicted_steps_per_s <= 0 or trained_steps_per_s <= 0:
         return
     now = time.time() if now is None else now
@@ -103,13 +88,12 @@ def remember(cfg, precision: Precision, inference: str, predicted_steps_per_s: f
 
 
 def _count(path: str) -> int:
-    """How many runs this memory has kept in all (the `n` of its newest)."""
     count = read_cache(path).get("count")
     return count if isinstance(count, int) and count >= 0 else 0
 
 
 def typical(ratios: List[float]) -> float:
-    """The upper quartile of a mode's ratios: a run slowed by other work barely moves it."""
+    """The upper quartile of a mode's ratios: other work only slows a run, so one slow run barely moves it."""
     if len(ratios) == 1:
         return ratios[0]
     return statistics.quantiles(ratios, n=4, method="inclusive")[2]
