@@ -1,42 +1,15 @@
-"""The resource planner: choose the process layout that maximises trained
-samples/s on this machine, with the policy lag bounded (TianJi's balance of
-sample production against consumption).
+"""The resource planner: the process layout that trains the most samples/s on this machine with
+the policy lag bounded (TianJi's balance of sample production against consumption).
 
-The cost model, per agent step, in core-seconds measured by fastrl.tuning.profiling:
-    env      one env step (no model)
-    forward  one sample of inference at a given batch size
-    train    one sample of one learner gradient pass (times ppo_epochs), in wall
-             seconds per thread count t; its core cost is t times that
-    comm     one policy-worker round trip per request (queues + copies), per sample
-Rates it predicts, in agent steps/s, for W rollout workers of E envs:
-    TR_A (production)   local:        W / (env + forward(E))
-                        policy_worker: min(W / env, P / (forward(W*E/(2*P)) + comm))
-    TR_L (consumption)  1 / (epochs * train[t])                  t = learner threads
-                        (t > 1 only where the actors leave it cores: threads_get_cores)
-    TR_C (the cores)    C / (env + forward + epochs * t * train[t] + comm)
-    trained = min(TR_A, TR_L, TR_C)
-(P policy workers share the requests, so each one's batch is about a split of
-every worker over P.)
-On a GPU (Costs.gpu) the learner's train cost and a policy worker's forward are
-the GPU's wall seconds, timed on it. The learner keeps one core busy for as long
-(its host launches the kernels one by one), so the formulas hold with learner
-threads at 1; a policy worker sleeps while its forward runs, so TR_C counts only
-its round trip (comm); local actors keep their CPU forward cost. And one GPU runs
-all of it in turn: TR_G = 1 / (forward(W*E/(2*P)) + epochs * train) bounds trained.
-TR_C is the limit when every process wants a core (processes > cores): then the
-layout only decides how little is wasted, and the workers' niceness (worker_nice)
-lets the kernel give the learner the share of the cores TR_C assumes. Lag: a
-trajectory of T steps takes T * W * E / trained seconds to fill while the
-learner takes trained / batch steps per second, so a sample is W * E * T / batch
-learner steps old at most.
-
-With N policies (--num_policies) there are N learners, each on its own 1/N of the
-samples: TR_L is N times one learner's (if the cores allow, which TR_C says), a
-worker has max(its splits, N) env groups, each forward acts for one of them (E / N
-envs locally, W * E / N at a policy worker), and the lag counts the W * E / N envs
-of one policy. N learners are N more busy processes: on a machine with few cores TR_C
-is then the limit, and the plan line says what each policy gets.
-"""
+Per agent step, from fastrl.tuning.profiling: env and forward(b) (inference at batch b) in
+core-seconds, train[t] in wall seconds on t threads, comm a policy-worker round trip. For W rollout
+workers of E envs, P policy workers, C cores, t learner threads, T-step trajectories:
+    TR_A (production)   local W / (env + forward(E)); policy workers min(W / env, P / (forward(W*E/(2*P)) + comm))
+    TR_L (consumption)  1 / (epochs * train[t]);  TR_C (cores)  C / (env + forward + epochs * t * train[t] + comm)
+    trained = min(TR_A, TR_L, TR_C); a sample is at most W * E * T / batch learner steps old.
+On a GPU, train and a policy worker's forward are the GPU's wall seconds (that forward takes no
+core) and TR_G = 1 / (forward + epochs * train) bounds trained too. N policies are N learners,
+each on 1/N of the envs and samples."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,29 +27,20 @@ from fastrl.plumbing.files import write_json
 PLANNED = ("num_workers", "num_envs_per_worker", "inference", "num_policy_workers", "learner_threads", "num_buffers",
            "worker_nice")
 ENVS_PER_WORKER = (4, 8, 16, 32, 64)
-# A layout within this fraction of the best prediction wins if it uses fewer
-# processes or less lag: the model is not accurate to better than that.
+# Within this fraction of the best prediction, fewer processes or less lag win: the model is no finer.
 TIE = 0.03
-# Linux weighs a task's claim on a contended core by its niceness, each step
-# about 1.25x less (the kernel's sched_prio_to_weight table).
+# Each nice step weighs a task about 1.25x less on a contended core (the kernel's sched_prio_to_weight).
 NICE_STEP = 1.25
 MAX_WORKER_NICE = 10
-# The most of its fair share a cheap learner (one whose step costs less core time
-# than the actors' part of a sample) may need before the workers give way: a
-# learner busy whenever a batch waits lets batches queue and the policy lag rise.
-# A costly learner is busy at any share and gets only what it needs
-# (benchmarks/learning_suite.py measures the lag and time to score).
+# The most of its share a cheap learner should be busy, so that no batch queues for it (benchmarks/learning_suite.py).
 LEARNER_LOAD = 0.8
-# How far the actors' predicted rate must pass the learner's for them to count as
-# outpacing it: two coupled stages run below the slower one's rate when their rates
-# are close, by more than the model sees (benchmarks/vs_sample_factory.py).
+# How far the actors' rate must pass the learner's to outpace it: coupled stages at close rates run
+# below the slower one's rate (benchmarks/vs_sample_factory.py).
 OUTPACE = 1.25
-# How much of a core the actors may keep busy beside a learner's extra threads
-# (threads_get_cores): a margin; every measured layout past it trained slower.
+# How much of a core the actors may keep busy beside a learner's extra threads (threads_get_cores).
 IDLE_ACTOR_CORES = 0.25
-# How close to the best prediction a trial mode (one no run here has measured, or
-# one due a retry) must come to be run: the model's error differs between the modes
-# by more than its ties, so never trying the other mode can cost every later run.
+# How near the best a trial mode must come to be run: the model's error differs between the modes
+# by more than TIE, so never trying the other mode could cost every later run.
 UNTRIED_MARGIN = 0.15
 
 
@@ -87,22 +51,19 @@ class Costs:
     forward_s: dict  # batch size -> core-seconds per sample of inference
     train_s: dict  # learner threads -> wall seconds per sample of one gradient pass
     comm_s: float = 50e-6  # per sample of a policy-worker round trip
-    gpu: bool = False  # the learner and policy workers compute on a GPU; train_s is its wall time
+    gpu: bool = False
     device_forward_s: dict = field(default_factory=dict)  # batch size -> GPU wall seconds per sample (gpu only)
 
     def train(self, threads: int) -> float:
-        """Wall seconds per sample of a gradient pass on `threads` threads (the
-        nearest measured thread count when that one was not measured)."""
+        """Wall seconds per sample of a gradient pass on the measured thread count nearest `threads`."""
         return self.train_s[min(self.train_s, key=lambda t: abs(t - threads))]
 
     def forward(self, batch: int) -> float:
-        """Per-sample inference cost at `batch` on a core, interpolated in log-batch
-        between measured sizes (held flat outside them)."""
+        """Per-sample inference cost at `batch` on a core, interpolated in log-batch between measured sizes."""
         return _interpolate(self.forward_s, batch)
 
     def policy_worker_forward(self, batch: int) -> float:
-        """Per-sample cost of a policy worker's forward at `batch`: on the GPU where
-        there is one, else on a core."""
+        """Per-sample cost of a policy worker's forward at `batch`: on the GPU if there is one."""
         return _interpolate(self.device_forward_s, batch) if self.gpu else self.forward(batch)
 
 
@@ -142,19 +103,16 @@ class Plan:
 
 
 class Layout(NamedTuple):
-    """The processes of one candidate: W rollout workers of E envs, where inference
-    runs, how many policy workers, the learner's threads."""
+    """The processes of one candidate layout."""
     workers: int
     envs: int
-    inference: str  # "local" or "policy_worker"
+    inference: str
     policy_workers: int = 1
     learner_threads: int = 1
 
 
 class Workload(NamedTuple):
-    """What the run asks of any layout: learner passes a sample, steps a trajectory,
-    samples a batch, policies, learning agents a game, and Config.max_batches_ahead
-    (0: sampling and learning take turns; -1: unbounded)."""
+    """What the run asks of any layout; `ahead` 0: sampling and learning take turns, -1: unbounded."""
     epochs: int = 1
     rollout: int = 32
     batch: int = 1024
@@ -169,16 +127,13 @@ class Workload(NamedTuple):
 
 
 class Candidate(NamedTuple):
-    """One layout `choose` considers, with its prediction."""
-    predicted: dict  # as `predict` returns it
+    predicted: dict
     layout: Layout
 
 
 def _inference_costs(costs: Costs, layout: Layout, work: Workload) -> tuple:
-    """(forward, comm) per sample: a local worker acts on one split of its envs at a
-    time; a policy worker batches about one split of every worker, the requests
-    spread over the policy workers. With several policies a split is one policy's
-    share, and each forward one policy's; with several agents in a game, one agent's."""
+    """(forward, comm) per sample: a local worker acts on one split of its envs (one policy's or
+    agent's share) at a time; a policy worker batches one split of every worker over P."""
     split = max(1, layout.envs // splits_per_worker(layout.inference, work.policies, work.agents))
     if layout.inference == "local":
         return costs.forward(split), 0.0
@@ -186,10 +141,8 @@ def _inference_costs(costs: Costs, layout: Layout, work: Workload) -> tuple:
 
 
 def core_s_per_step(costs: Costs, layout: Layout, work: Workload) -> tuple:
-    """(the actors', the learner's) core-seconds per agent step of one layout: an env
-    step with its forward and round trip, and the learner's passes on all its threads.
-    A GPU policy worker's forward takes no core: it sleeps on a CUDA event while the
-    GPU runs it (sampling/inference.py), its host work being the round trip."""
+    """(the actors', the learner's) core-seconds per agent step of one layout. A GPU policy
+    worker's forward takes no core: it sleeps on a CUDA event (sampling/inference.py)."""
     forward, comm = _inference_costs(costs, layout, work)
     if costs.gpu and layout.inference == "policy_worker":
         forward = 0.0
@@ -198,8 +151,7 @@ def core_s_per_step(costs: Costs, layout: Layout, work: Workload) -> tuple:
 
 
 def predict(costs: Costs, layout: Layout, work: Workload) -> dict:
-    """Predicted rates (agent steps/s, all policies together) and lag of one layout;
-    see the module doc."""
+    """Predicted rates (agent steps/s, all policies together) and lag of one layout (module doc)."""
     workers, envs, inference, policy_workers, threads = layout
     policies, ahead = work.policies, work.ahead
     forward, comm = _inference_costs(costs, layout, work)
@@ -219,23 +171,19 @@ def predict(costs: Costs, layout: Layout, work: Workload) -> dict:
     if ahead >= 0 and splits == 1:
         lag = min(lag, ahead)
     elif ahead >= 0:
-        # A worker's other splits keep a buffer each beyond the bound (Config.total_buffers),
-        # held while the worker waits its turn for a freed one.
+        # A worker's other splits each hold a buffer beyond the bound while it waits for a freed one.
         lag = min(lag, ahead + 1 + workers * (splits - 1) * work.rollout * (envs // splits) / (policies * work.batch))
     slowest = trained
     if ahead == 0:
-        # Turns: a batch is sampled, then learned from, each with the cores to itself;
-        # the slower of the two holds the larger share of the time.
+        # Turns: a batch is sampled, then learned from, each with the cores to itself.
         sampling = min(production, costs.cores / actors)
         trained = 1.0 / (1.0 / sampling + 1.0 / consumption)
         cores = trained  # not a bound of its own: the two never compete for the cores
         slowest = min(production, consumption)
     gpu, gpu_bound = {}, False
     if costs.gpu:
-        # One GPU runs every policy worker's forwards and every learner's steps, one
-        # CUDA context at a time, however many processes feed it. Each learner's step
-        # counts whole, though an eager one leaves the GPU idle while its host
-        # launches kernels: the bound errs low.
+        # One GPU runs every forward and learner step in turn; an eager learner's step counts whole
+        # though its host leaves the GPU idle between kernels, so the bound errs low.
         device = 1.0 / ((forward if inference == "policy_worker" else 0.0) + learn_wall)
         gpu = {"gpu_steps_per_s": device}
         if device < trained:
@@ -259,7 +207,6 @@ def predict(costs: Costs, layout: Layout, work: Workload) -> dict:
         "processes": processes,
         "bottleneck": bottleneck,
         "policies": policies,
-        # "turns": sampling and learning alternate (--max_batches_ahead 0); else they overlap.
         "schedule": "turns" if ahead == 0 else "overlapped",
         **gpu,
     }
@@ -272,36 +219,22 @@ def every_thread_has_a_core(costs: Costs, layout: Layout, work: Workload) -> boo
 
 
 def threads_get_cores(costs: Costs, predicted: dict, layout: Layout, work: Workload) -> bool:
-    """Whether a learner on its threads would find a core for each of them, with the
-    actors computing at the `predicted` rate (predict's) beside it, or not beside it
-    at all: where sampling and learning take turns (`ahead` 0), the workers wait
-    while the learner trains.
-
-    A parallel region ends when its slowest thread does, and a thread on a core that
-    a busy worker holds waits out the worker's time slice, region after region. The
-    quiet profile cannot see that, so beyond the first, a learner thread needs a core
-    the actors leave idle, give or take IDLE_ACTOR_CORES."""
+    """Whether each learner thread past the first finds a core the actors, at the `predicted` rate,
+    leave idle: a parallel region ends with its slowest thread, and one sharing a busy worker's
+    core waits out its time slice, which the quiet profile cannot see."""
     if layout.learner_threads == 1 or work.ahead == 0 or every_thread_has_a_core(costs, layout, work):
         return True
     actors, _ = core_s_per_step(costs, layout, work)
-    actors_busy = predicted["trained_steps_per_s"] * actors  # cores the actors keep busy
+    actors_busy = predicted["trained_steps_per_s"] * actors
     return actors_busy <= costs.cores - work.policies * layout.learner_threads + IDLE_ACTOR_CORES
 
 
 def worker_nice(costs: Costs, layout: Layout, work: Workload) -> int:
-    """The least niceness of the rollout workers at which Linux's fair share gives
-    the learner the part of the cores the cost model has it need, with room to
-    spare (LEARNER_LOAD).
-
-    The rates `predict` gives assume the cores are packed perfectly: the learner
-    computes a share C * learn / (actors + learn) of them. The kernel does not know
-    that share: with more runnable processes than cores it gives each a part in
-    proportion to its weight, and a learner short of its share holds up the workers
-    while part of a core idles. Lowering the workers' weight moves the share, and a
-    worker that wants less than it is allowed loses nothing. Returns 0 when every
-    process has a core of its own, or when sampling and learning take turns."""
+    """The least rollout-worker niceness at which Linux's fair share gives the learner the share
+    C * learn / (actors + learn) of the cores that `predict` assumes; at equal weights a learner
+    short of it holds up the workers. 0 when every process has a core, or in turns."""
     pw = layout.policy_workers if layout.inference == "policy_worker" else 0
-    learners = work.policies * layout.learner_threads  # threads of all the learners
+    learners = work.policies * layout.learner_threads
     if every_thread_has_a_core(costs, layout, work) or work.ahead == 0:
         return 0
     actors, learn = core_s_per_step(costs, layout, work)
@@ -319,22 +252,18 @@ def worker_nice(costs: Costs, layout: Layout, work: Workload) -> int:
 
 @dataclass(frozen=True)
 class Recall:
-    """What earlier runs of a setup tell the plan (fastrl.tuning.layout_memory):
-    {inference mode: factor on its predictions} for the modes runs measured here, and
-    the modes ruled out long enough to be tried again."""
+    """Earlier runs' factor on each measured mode's predictions, and the modes due a retry (layout_memory)."""
     scales: dict = field(default_factory=dict)
     due: frozenset = frozenset()
 
 
 def scaled(predicted: dict, scale: float) -> dict:
-    """`predicted` (as `predict` returns it) with the trained rate at `scale` of the
-    model's, as earlier runs measured it here; the model's own rate kept beside it."""
+    """`predicted` with the trained rate at `scale` of the model's, which is kept beside it."""
     return {**predicted, "trained_steps_per_s": predicted["trained_steps_per_s"] * scale,
             "model_trained_steps_per_s": predicted["trained_steps_per_s"], "measured_scale": scale}
 
 
 def _candidates(costs: Costs, cfg, explicit: set) -> list:
-    """Every layout `cfg` allows on these costs, with the model's prediction."""
     def allowed(name, values):
         return [getattr(cfg, name)] if name in explicit else values
 
@@ -375,18 +304,13 @@ def _candidates(costs: Costs, cfg, explicit: set) -> list:
 
 
 def _best(candidates: list, costs: Costs, cfg) -> Candidate:
-    """The candidate to run: among those within TIE of the best prediction, the one
-    whose actors outpace its learner, then the fewest processes and threads, the
-    configured defaults, the least lag.
-
-    Two coupled stages run below the slower one's rate when their rates are close,
-    and surplus actors cost little (they block on free buffers) while a starved
-    learner wastes the costliest step; where the cores are the limit, a worker more
-    only adds lag (benchmarks/vs_sample_factory.py and learning_suite.py measure both)."""
+    """The candidate to run: within TIE of the best prediction, one whose actors outpace its learner
+    (surplus actors block on free buffers, a starved learner wastes the costliest step), then the
+    fewest processes and threads, the configured defaults, the least lag."""
     best = max(c.predicted["trained_steps_per_s"] for c in candidates)
     good = [c for c in candidates if c.predicted["trained_steps_per_s"] >= (1 - TIE) * best]
 
-    def departures(c: Candidate) -> int:  # how many choices differ from the configured defaults
+    def departures(c: Candidate) -> int:
         return ((c.layout.workers != cfg.num_workers) + (c.layout.envs != cfg.num_envs_per_worker)
                 + (c.layout.inference != cfg.inference))
 
@@ -405,9 +329,8 @@ def _best(candidates: list, costs: Costs, cfg) -> Candidate:
 
 
 def _remembered(candidates: list, memory: Recall) -> list:
-    """The candidates with their predictions at their mode's measured scale. A mode
-    no run measured, or one due a retry, takes the median of the others' scales
-    (the profile's own errors weigh on every mode) and is marked as a trial."""
+    """The candidates at their mode's measured scale; a mode unmeasured or due a retry is a trial
+    at the median of the others' scales, since the profile's own errors weigh on every mode."""
     settled = {m: s for m, s in memory.scales.items() if m not in memory.due}
     borrowed = statistics.median(settled.values()) if settled else 1.0
     out = []
@@ -426,14 +349,8 @@ def _is_trial(c: Candidate) -> bool:
 
 
 def choose(costs: Costs, cfg, explicit: set, memory: Optional[Recall] = None) -> Plan:
-    """The best layout for `cfg` on these costs. Options in `explicit` (set by the
-    user) are kept as they are; lag must stay within cfg.max_policy_lag. `memory`:
-    what earlier runs of this setup measured here.
-
-    With a memory, each mode's predictions take its measured scale, and a trial mode
-    (`_remembered`) whose best comes within UNTRIED_MARGIN of the best is chosen,
-    to be measured. Where the memory moved the choice off the model's own, the plan
-    says which layout the model alone would run (`predicted["model_pick"]`)."""
+    """The best layout for `cfg` on these costs, keeping the options in `explicit` as the user set them.
+    A trial mode within UNTRIED_MARGIN of the best is chosen, to be measured."""
     candidates = _candidates(costs, cfg, explicit)
     c = model_pick = _best(candidates, costs, cfg)
     if memory is not None and memory.scales:
