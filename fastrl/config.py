@@ -21,14 +21,10 @@ from fastrl.plumbing.seeding import SEED_BITS
 
 
 def splits_per_worker(inference: str, num_policies: int, agents_per_game: int = 1) -> int:
-    """Env groups per rollout worker: two alternate with a policy worker, one with local
-    inference (a worker computing its own actions cannot overlap them with stepping
-    anyway); with several policies, one per policy (Config.policy_of_split), which
-    alternate too. In games of several learning agents (doom_duel) agent a of each game
-    is in split a of its step group, the A splits that step together (the game moves
-    only when all its agents have acted), so there are A splits per group, and as many
-    groups as alternate or as the policies need. The planner weighs candidate layouts
-    by it before any Config exists."""
+    """Env groups per rollout worker: two alternate with a policy worker, one with local inference
+    (which cannot overlap acting with stepping), at least one per policy. With A learning agents a
+    game, agent a is in split a of a group of A that step together, since a game moves only when all
+    its agents have acted. A function so that the planner can weigh layouts before any Config exists."""
     if agents_per_game > 1:
         groups = max(2 if inference == "policy_worker" else 1, -(-num_policies // agents_per_game))
         return agents_per_game * groups
@@ -350,7 +346,6 @@ class Config:
                              why="Frames and counters go on from the checkpoint's. Training since it is lost, so a "
                                  "shorter --checkpoint_every_seconds loses less.")
 
-    # ---------------------------------------------------------------------------------------
     @property
     def experiment_dir(self) -> str:
         return os.path.join(self.train_dir, self.experiment or self.env)
@@ -418,12 +413,8 @@ class Config:
 
 
 def validate(cfg: Config, writes: bool = True) -> None:
-    """Raise ConfigError naming the first impossible setting and how to fix it.
-
-    writes: whether this process will write the experiment folder, which is then
-    tried for real. A torchrun rank other than 0 writes nothing there, and trying
-    it (by making the missing folders and removing them again) would race rank 0,
-    which is making them at the same moment."""
+    """Raise ConfigError naming the first impossible setting and how to fix it. `writes`: whether
+    to try writing the experiment folder (not on torchrun ranks past 0, which would race rank 0)."""
     if not cfg.env:
         raise ConfigError("No environment given: pass --env, for example --env CartPole-v1 or --env doom_battle.")
     for f in dataclasses.fields(cfg):
@@ -503,12 +494,9 @@ def validate(cfg: Config, writes: bool = True) -> None:
                           "--compile_learner off.")
     if cfg.max_batches_ahead < -1:
         raise ConfigError(f"--max_batches_ahead is {cfg.max_batches_ahead} but must be -1 (no bound), 0 (on-policy) or more.")
-    # Each learner may hold all but one buffer of its next batch while it waits for
-    # its own policy's last one, so the pool needs a batch per policy beyond the
-    # buffers the splits hold, or every learner could wait on a buffer none is free for.
-    # When the learner frees buffers only after training, it holds none while it
-    # waits, and a worker waiting for a free buffer has handed its finished one
-    # over: one split per worker fewer is enough (what the on-policy bound needs).
+    # A learner may hold all but one buffer of its batch while it waits for the last, so the pool needs
+    # a batch per policy beyond the splits' buffers. A learner that frees buffers only after training
+    # holds none while it waits, and a waiting worker has handed its finished one over: a split fewer.
     splits_holding = cfg.num_splits - 1 if cfg.frees_after_training else cfg.num_splits
     need = cfg.num_workers * splits_holding + cfg.num_policies * cfg.buffers_per_batch
     if cfg.num_buffers and cfg.num_buffers < need:
@@ -537,10 +525,8 @@ def validate(cfg: Config, writes: bool = True) -> None:
 
 
 def check_env_and_options(cfg: Config, writes: bool = True):
-    """validate() plus the env name and its options, without importing torch; returns
-    the EnvSpec. An env ignores the options of another family (fastrl.envs.registry),
-    so a --doom_* or --atari_* option given for an env it cannot apply to is refused
-    here rather than silently dropped."""
+    """validate() plus the env name and its options, without importing torch; returns the EnvSpec.
+    An env ignores other families' options, so a --doom_* or --atari_* one for it is refused here."""
     validate(cfg, writes)
     from fastrl.envs.registry import UnknownEnvError, get_spec
 
@@ -559,9 +545,8 @@ def check_env_and_options(cfg: Config, writes: bool = True):
 
 
 def env_failure(name: str, err: Exception) -> str:
-    """The sentence for an env that could not be made, whatever it raised (a missing
-    dependency, a bad scenario file, the user's own env failing): its cause is the
-    env's, so what it said matters to the user, not a traceback through fastrl."""
+    """The sentence for an env that could not be made: its cause is the env's, so the user needs
+    what it said, not a traceback through fastrl."""
     from fastrl.envs.registry import describe_error
 
     return f"The env {name} could not be made ({describe_error(err)})."
@@ -576,8 +561,7 @@ def env_options(cfg: Config) -> dict:
         options["doom_measurements"] = True
     if cfg.doom_hud:
         options["doom_hud"] = True
-    # Like the other Doom options, passed only when it differs from the env's own
-    # default, so that the family check above can refuse it for other envs.
+    # Passed only when not the env's default, so that the family check can refuse it for other envs.
     if cfg.doom_engine_recycle_episodes != DOOM_ENGINE_RECYCLE_EPISODES:
         options["doom_engine_recycle_episodes"] = cfg.doom_engine_recycle_episodes
     if cfg.atari_sticky_actions:
@@ -586,9 +570,6 @@ def env_options(cfg: Config) -> dict:
         options["atari_episodic_life"] = False
     return options
 
-
-# --------------------------------------------------------------------------------------------
-# Command line
 
 def _str2bool(text: str) -> bool:
     low = str(text).lower()
@@ -683,9 +664,8 @@ def build_parser(prog: str = "python -m fastrl.train", description: str = TRAIN_
 
 
 def options_markdown() -> str:
-    """docs/options.md: a table of every option per section, with its default, its
-    help and the longer reason where it has one. `python -m fastrl.config --markdown`
-    prints it; tests/test_options.py keeps the committed page equal to it."""
+    """docs/options.md: every option's default, help and reason, a table per section
+    (`python -m fastrl.config --markdown`; tests/test_options.py keeps the page equal to it)."""
     def cell(text: str) -> str:  # a "|" would end the cell, a "<" open an HTML tag
         return text.replace("|", "\\|").replace("<", "&lt;")
 
@@ -765,28 +745,21 @@ def describe_origins(cfg: Config, origins: dict) -> str:
 # today's default, an older experiment would build a model its checkpoints do not fit.
 EARLIER_DEFAULTS = {"normalize_returns": False}
 
-# Options that were built, measured on benchmarks/learning_suite.py's envs and
-# deleted because they did not pay (benchmarks/README.md keeps the numbers), with
-# why a command line from before may drop them. A saved config's unknown keys are
-# dropped anyway (config_from_saved); a command line naming one gets this sentence
-# rather than a guess at a similar option.
+# Options deleted because they did not pay on benchmarks/learning_suite.py's envs: a command line
+# naming one gets its sentence rather than a guess at a similar option.
 RETIRED_OPTIONS = {
     "clip_anchor": "the PPO clip measures each step from the acting policy, as --clip_anchor behaviour did; "
                    "'proximal' did not learn better",
     "lr_kl_target": "it steered --lr_schedule kl_adaptive, which did not learn better and is gone too",
 }
-# Removed values of kept options, with the value a saved config's becomes.
-# kl_adaptive started at --lr and moved it from there, so constant is the rate it
-# began with; what reads a saved config (fastrl.enjoy) plays the trained weights,
-# which no learning-rate schedule changes, so mapping it beats refusing to play.
+# Removed values of kept options, with the value a saved config's becomes: fastrl.enjoy plays the
+# trained weights, which no learning-rate schedule changes, so mapping beats refusing to play.
 RETIRED_VALUES = {"lr_schedule": {"kl_adaptive": "constant"}}
 
 
 def config_from_saved(saved: dict) -> Config:
-    """The Config a saved config (config.json, a checkpoint's "config") was trained
-    with. Options this version no longer knows are dropped: they cannot change the
-    model it builds, and refusing an older experiment over them helps no one. A
-    removed value of a kept option becomes its RETIRED_VALUES replacement."""
+    """The Config a saved config (config.json, a checkpoint's "config") was trained with. Options this
+    version no longer knows are dropped, as they cannot change the model it builds."""
     known = {f.name for f in dataclasses.fields(Config)}
     values = {**EARLIER_DEFAULTS, **{k: v for k, v in saved.items() if k in known}}
     for name, replacements in RETIRED_VALUES.items():
