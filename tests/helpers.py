@@ -47,6 +47,7 @@ class TrainRun:
     def __init__(self, args: list, module: str = "fastrl.train", env: dict | None = None):
         self.shm_before = shm_entries()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.started = time.time()  # about when the command was launched
         self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)

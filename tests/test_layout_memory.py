@@ -287,14 +287,14 @@ def kept_runs(cache_home) -> int:
 
 
 def short_run(tmp_path, cache_home, *args, during=None, seconds=14):
-    """A CartPole run judged by the layout memory on a 3-s window; `during(run)` is
-    called once it trains. Returns its output."""
+    """A CartPole run judged by the layout memory on a 3-s window; `during(run,
+    first_batch_s, seconds)` is called once it trains. Returns its output."""
     run = TrainRun([*SHORT, "--train_dir", str(tmp_path), "--train_for_seconds", str(seconds), *args],
                    module="short_window_train", env={**TEST_ENVS_ON_PATH, "XDG_CACHE_HOME": str(cache_home)})
     try:
         if during is not None:
-            run.wait_for_line(lambda line: "first batch trained" in line, 60)
-            during(run)
+            line = run.wait_for_line(lambda line: "first batch trained" in line, 60)
+            during(run, float(re.search(r"trained ([0-9.]+) s after launch", line).group(1)), seconds)
         assert run.wait(90) == 0, run.output()
     finally:
         run.kill_all()
@@ -314,28 +314,39 @@ def burn(cores: int, seconds: float) -> None:
             b.wait()
 
 
-def stop_learner(run, seconds: float) -> None:
-    """SIGSTOP the run's learner for `seconds`, as a frozen machine or a debugger would."""
-    time.sleep(4)  # into the second half of the training
+def stop_learner(run, first_batch_s: float, seconds: float) -> None:
+    """SIGSTOP the run's learner for most of its training's second half, as a frozen
+    machine or a debugger would."""
+    training = seconds - first_batch_s
+    time.sleep(max(0.0, first_batch_s + 0.55 * training - (time.time() - run.started)))
     run._note_descendants()
     (pid,) = [p for p, title in run.titles.items() if title.startswith("fastrl: learner")]
     os.kill(pid, signal.SIGSTOP)
     try:
-        time.sleep(seconds)
+        time.sleep(0.35 * training)
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stall_is_the_longest_run_of_reports_that_trained_nothing():
+    from fastrl.runtime.runner import TrainedMark, longest_stall
+
+    marks = [TrainedMark(t, trained, None) for t, trained in
+             [(0, 0), (1, 10), (2, 10), (3, 10), (4, 10), (5, 20), (6, 20), (7, 30)]]
+    assert longest_stall(marks) == 3.0
+    assert longest_stall(marks[:2]) == 0.0
 
 
 def test_a_quiet_run_is_remembered_and_a_disturbed_stopped_or_shared_one_is_not(tmp_path):
     cache_home = tmp_path / "cache"
     out = short_run(tmp_path / "quiet", cache_home)
-    assert "this rate is kept for the next plan of this setup" in out
+    assert "this rate is kept for the next plan of this setup" in out, out
     assert kept_runs(cache_home) == 1
 
-    out = short_run(tmp_path / "burnt", cache_home, during=lambda run: burn(2, 9))
+    out = short_run(tmp_path / "burnt", cache_home, during=lambda run, *_: burn(2, 9))
     assert re.search(r"this rate is not kept for the next plan: other programs took [0-9.]+ of its \d+ cores", out), out
-    out = short_run(tmp_path / "stopped", cache_home, during=lambda run: stop_learner(run, 7))
+    out = short_run(tmp_path / "stopped", cache_home, during=stop_learner, seconds=24)
     assert re.search(r"this rate is not kept for the next plan: the learner trained nothing for \d+ s", out), out
     out = short_run(tmp_path / "two", cache_home, "--num_policies", "2")
-    assert "this rate is not kept for the next plan: a run of 2 policies" in out
+    assert "this rate is not kept for the next plan: a run of 2 policies" in out, out
     assert kept_runs(cache_home) == 1
