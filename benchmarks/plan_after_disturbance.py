@@ -39,7 +39,8 @@ def train(env: str, seconds: float, cache: str, train_dir: str, name: str, extra
     lines = done.stdout.splitlines()
     plan = next((line for line in lines if line.startswith("fastrl: plan:")), "")
     memory = next((line for line in lines if "for the next plan" in line), "")
-    return {"fps": summary["steady_trained_frames_per_s"], "plan": plan, "memory": memory}
+    return {"fps": summary["steady_trained_frames_per_s"], "first_batch_s": summary["first_batch_s"], "plan": plan,
+            "memory": memory}
 
 
 def main() -> int:
@@ -52,8 +53,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as train_dir:
         def run(name: str) -> dict:
             result = train(args.env, args.seconds, cache, train_dir, name, extra)
-            print(f"{name}: {result['fps']:,.0f} env frames/s trained in steady state\n  {result['plan']}\n"
-                  f"  {result['memory']}", flush=True)
+            print(f"{name}: {result['fps']:,.0f} env frames/s trained in steady state, first batch "
+                  f"{result['first_batch_s']:.1f} s after launch\n  {result['plan']}\n  {result['memory']}", flush=True)
             return result
 
         first = run("quiet")
@@ -71,6 +72,7 @@ def main() -> int:
           f"{same_plan} of {len(later)} planned its layout")
     records.append(f"plan_after_disturbance_{args.env}",
                    {"first_fps": round(first["fps"]), "later_fps": [round(r["fps"]) for r in later],
+                    "first_batch_s_empty_cache": round(first["first_batch_s"], 1),
                     "slowest_later_ratio": round(min(ratios), 3), "same_layout": f"{same_plan} of {len(later)}"},
                    records.this_command())
     return 0
