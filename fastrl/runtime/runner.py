@@ -1,14 +1,7 @@
-"""The runner: checks the configuration, builds the shared memory and queues,
-starts the learner, policy workers and rollout workers, watches them, reports,
-decides when to stop, and shuts everything down cleanly on every path.
-
-Under torchrun there is one runner per rank, each with its own children, shared
-memory and queues (nothing of it is named, so ranks on one machine cannot collide).
-The runners never talk to each other: their learners do, once per batch, and
-each learner hands its runner the run's counters summed over the ranks and
-whether a rank asked to stop (`SharedContext.totals`). Rank 0 reports for the
-run: the plan, the status line, TensorBoard and W&B, evaluations, summary.json,
-checkpoints (its learner). The other ranks print only what went wrong."""
+"""The runner: checks the configuration, builds the shared memory and queues, starts, watches and
+stops the learner, policy workers and rollout workers, and reports. Under torchrun each rank has its
+own runner and children; the runners never talk, their learners do once a batch and hand back the
+run's summed counters (`SharedContext.totals`). Rank 0 reports for the run; the others, only faults."""
 from __future__ import annotations
 
 import collections
@@ -95,16 +88,10 @@ from fastrl.tuning.precision import decide_precision
 
 JOIN_TIMEOUT_S = 10.0
 PROFILE_SECONDS = 1.5  # the planner's start-up profile; overlaps the process server's imports
-# Its bound in wall seconds, whatever the load. On a quiet 2-core machine it takes
-# ~2.6 s (less where --precision auto timed the model's forwards for it); niced
-# beside a training run it took 15 s (24-30 s was seen): its learner step on 2
-# threads took 0.8-4.8 s a call instead of ~0.15 s, the two threads waiting for
-# each other at every parallel region while another program held the second core.
+# Its bound in wall seconds under any load, which can stretch it many times (benchmarks/startup.py).
 PROFILE_CAP_S = 6.0
 LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a large model
-# How long a run that ended normally waits for the evaluation due at its end (a few
-# deterministic episodes; Doom's longest take tens of seconds on a busy core) before
-# abandoning it.
+# How long a run that ended normally waits for the evaluation due at its end before abandoning it.
 EVAL_FINISH_TIMEOUT_S = 60.0
 POLL_S = 0.05
 MAX_TRAINED_MARKS = 4096  # reports kept for the steady trained rate; past it, every other one
@@ -164,11 +151,8 @@ def _child_failure(name: str, tb: str) -> Failure:
 
 @dataclasses.dataclass
 class Earlier:
-    """What a run counted before its learner died, handed to the Runner that restarts
-    it from a checkpoint. That Runner's board starts at zero and its frames at the
-    checkpoint's; these are added in so that reports and summary.json count the whole
-    run. Frames are not among them: those trained after the checkpoint are lost with
-    the learner, and the checkpoint's count is the one its weights match."""
+    """What a run counted before its learner died, added in by the Runner that restarts it so that
+    reports count the whole run; not frames, which restart at the checkpoint's count its weights match."""
     learner_restarts: int = 0
     death: str = ""  # which learner died last and why, in one clause: "the learner was killed by SIGKILL"
     worker_restarts: int = 0
@@ -186,13 +170,9 @@ class StopRequested(Exception):
 
 
 class _StopSignals:
-    """SIGINT and SIGTERM for the length of one run, installed on creation.
-
-    Start-up may be interrupted anywhere, so until `looping` is set a signal raises
-    StopRequested where it lands. Once the loop runs, a signal is only noted and the
-    loop raises at its next poll: an exception raised at an arbitrary point could land
-    inside the TensorBoard writer's queue.put and leave its worker thread unwoken, and
-    the shutdown would then hang joining it."""
+    """SIGINT and SIGTERM for one run: StopRequested where it lands until `looping`, then only noted
+    and raised at the loop's next poll, since one raised inside the TensorBoard writer's queue.put
+    would leave its thread unwoken and the shutdown hanging on it."""
 
     def __init__(self):
         self.looping = False
@@ -234,12 +214,9 @@ def plan_file(cfg: Config, resuming: bool) -> Optional[str]:
 
 def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precision,
               one_thread: Optional[profiling.OneThreadCosts] = None, announce: bool = True) -> Optional[planner.Plan]:
-    """--plan off: none; PATH.json: that plan; auto: this experiment's saved plan
-    when resuming, else a fresh one from a start-up profile of `env` and the model
-    in the run's `precision` (which takes the model's `one_thread` costs where
-    --precision auto timed them), and from what earlier runs measured here; fresh:
-    the same, after forgetting the profile and the runs. `announce` prints where
-    the plan came from."""
+    """--plan off: None; PATH: that plan; auto: the experiment's saved plan when resuming, else one
+    from a start-up profile and what earlier runs measured here; fresh: the same, both forgotten
+    first. `announce` prints where the plan came from."""
     if cfg.plan == "off":
         return None
     path = plan_file(cfg, resuming)
@@ -278,8 +255,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         raise ConfigError(str(err)) from None
 
 
-# Observations the fresh models' normaliser starts from, taken from the run's first
-# env with random actions: ~0.1 s of Doom.
+# Observations the fresh models' normaliser starts from, from the run's first env under random actions.
 NORMALIZER_SEED_STEPS = 64
 
 
@@ -298,34 +274,26 @@ def first_observations(env, steps: int) -> dict:
 
 @dataclasses.dataclass
 class PreparedRun:
-    """A run checked and decided before any process starts: its Config with the
-    presets and the plan applied, the env's spaces, the models (from the newest
-    checkpoints where it resumes), and where each value that differs from its
-    default came from."""
+    """A run checked and decided before any process starts: its Config with presets and plan applied,
+    the env's spaces, the models (from checkpoints where it resumes) and where each option came from."""
     cfg: Config
     plan: Optional[planner.Plan]
-    spec: object  # the env's registry entry (fastrl.envs.registry)
+    spec: object
     obs_space: object
     action_space: object
     precision: Precision
     models: list  # one per policy
     states: list  # each policy's checkpoint state, None where it starts afresh
-    paths: list  # and its path
+    paths: list
     origins: dict  # option -> "command line", "env preset", "saved run", "spaces preset" or "plan"
 
 
 def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> PreparedRun:
-    """Everything that can refuse the run, the precision and the plan, in the order
-    a run starts: options -> checkpoints -> env spaces -> presets -> precision ->
-    profile and plan -> models. Nothing is written before the last check: a refused
-    run leaves the experiment as it found it, and --restart deletes the old
-    checkpoints only once the new run can start. cfg.precision stays as given (auto
-    is decided again on the machine a resumed run starts on).
-
-    Under torchrun each rank prepares its own run (its plan is for its share of the
-    machine), rank 0 alone deletes old checkpoints, and --restart holds for the
-    launch only: when torchrun restarts the ranks (--max_restarts) they resume from
-    the newest checkpoint instead of starting over again."""
+    """Everything that can refuse the run, then precision, plan and models, in start-up order. Nothing
+    is written before the last check, so a refused run leaves the experiment as it was. cfg.precision
+    stays as given, so that a resumed run decides auto again on its own machine. Under torchrun
+    each rank plans for its share of the machine, rank 0 alone deletes old checkpoints, and --restart
+    holds for the launch only, so that ranks torchrun restarts resume instead of starting over."""
     origins = dict.fromkeys(explicit, "command line")
     origins.update({k: "env preset" for k in preset_for(cfg.env) if k not in explicit})
     if cfg.restart and rank.restarts:
@@ -338,8 +306,7 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     try:
         obs_space, action_space = env.observation_space, env.action_space
         cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
-        # Decided before the plan, which profiles the model in it, and with
-        # --plan off too; once, here, for every process of the run.
+        # Before the plan, which profiles the model in it; once, for every process of the run.
         precision, one_thread = decide_precision(cfg, obs_space, action_space)
         mark("precision decided")
         seed_obs = _normaliser_seed(cfg, env, states)
@@ -389,9 +356,8 @@ def _earlier_defaults(cfg: Config, state: Optional[dict], path: Optional[str], e
 
 
 def _spec_env(cfg: Config, spec):
-    """The one env start-up opens: its spaces shape the buffers and the model, and
-    the planner times its steps. With pinned rollout workers it is made on the core
-    the planner times it on, so that its engine's process sits where a worker's would."""
+    """The one env start-up opens, for its spaces and the planner's timing; with pinned workers it is
+    made on the core the planner times it on, so that its engine's process sits where a worker's would."""
     with on_one_core(cfg.pin_workers):
         try:
             env = spec.make(seed=cfg.seed, **env_options(cfg))
@@ -414,9 +380,8 @@ def _spaces_presets(cfg: Config, obs_space, action_space, explicit: set, origins
 
 
 def _normaliser_seed(cfg: Config, env, states) -> Optional[dict]:
-    """Observations a fresh model's normaliser starts from (--normalize_obs), so that
-    the first policy does not see every pixel clipped to one value; None where no
-    policy starts afresh or the env cannot step (the rollout workers will say so)."""
+    """Observations a fresh model's normaliser starts from, lest the first policy see every pixel
+    clipped to one value; None where no policy starts afresh or the env cannot step."""
     if not cfg.normalize_obs or all(state is not None for state in states):
         return None
     try:
@@ -471,9 +436,8 @@ def _latest_checkpoint(cfg: Config, policy: int):
 
 
 def _check_policy_count(cfg: Config, ckpt_root: str) -> None:
-    """Refuse to resume an experiment with another number of policies than it was
-    trained with: each policy's checkpoints sit in their own folder, so the run
-    would otherwise start afresh beside them without a word."""
+    """Refuse to resume an experiment with another number of policies, which would otherwise start
+    afresh beside the checkpoints in other policies' folders without a word."""
     if not os.path.isdir(ckpt_root):
         return
     names = os.listdir(ckpt_root)
@@ -487,20 +451,16 @@ def _check_policy_count(cfg: Config, ckpt_root: str) -> None:
 
 
 def shared_options(cfg: Config) -> dict:
-    """The options every rank of a multi-rank run must share, for the learners to
-    compare before they train together: all but the layout the planner chooses for
-    each rank's share of the machine."""
+    """The options every rank must share, for the learners to compare before they train together:
+    all but each rank's planned layout."""
     own = set(planner.PLANNED) | {"torch_threads"}
     return {k: v for k, v in cfg.to_dict().items() if k not in own}
 
 
 class Runner:
-    """learn=False swaps the learner for a sink that frees trajectories untouched,
-    to measure the sampling system alone. `explicit` names the options the user
-    set, which the planner keeps. `earlier`: what the run counted before its
-    learner died, when this Runner restarts it (see train()). `rank`: where this
-    runner stands in a torchrun launch (fastrl.plumbing.ranks); a run of one by
-    default."""
+    """One run of one rank. learn=False swaps the learner for a sink that frees trajectories untouched,
+    to measure sampling alone; `explicit`: the options the user set, which the planner keeps;
+    `earlier`: what the run counted before its learner died, when this Runner restarts it."""
 
     def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None,
                  earlier: Optional[Earlier] = None, rank: Rank = SOLO):
@@ -511,8 +471,7 @@ class Runner:
         self.obs_space, self.action_space, self.resume_paths = prepared.obs_space, prepared.action_space, prepared.paths
         self.origins, models, states = prepared.origins, prepared.models, prepared.states
         self.resume_path, state = self.resume_paths[0], states[0]  # policy 0's stands for the run
-        # A plan made from this run's profile, whose prediction the run's rate can
-        # correct; one read from a file may have been made on another machine.
+        # Only a plan made here may be corrected by this run's rate: a file's may be another machine's.
         self.plan_made_here = self.plan is not None and plan_file(cfg, resuming=state is not None) is None
         self.cfg = cfg
         if rank.main:
@@ -538,36 +497,34 @@ class Runner:
         self.error_queue = faster_fifo.Queue(max_size_bytes=1_000_000)
         self.returns100 = self.earlier.returns100
         self.objectives100 = self.earlier.objectives100
-        # Each policy's own, with several: what the status line and PBT judge them by.
+        # Each policy's own: what the status line and PBT judge them by.
         self.policy_returns100 = [collections.deque(maxlen=100) for _ in range(cfg.num_policies)]
         self.policy_objectives100 = [collections.deque(maxlen=100) for _ in range(cfg.num_policies)]
         self.population = PopulationDriver(cfg, self.ctx.hyper, self.say) if cfg.with_pbt and self.learn else None
         self.episodes = self.earlier.episodes
         self.learner_death: Optional[str] = None  # which learner died and why, when that ended this run
         self.reached_reward_at: Optional[float] = None
-        # The mean that crossed --stop_at_reward: episodes that end while the run
-        # winds down still move the mean the summary reports at exit.
+        # The mean that crossed --stop_at_reward, which episodes ending during shutdown still move.
         self.reached_reward_mean: Optional[float] = None
         self.metrics: dict = {}
         self.policy_metrics: dict = {}  # policy -> its learner's latest statistics, policies 1 and up
-        # (worker, policy) -> its forward's compile report (fastrl/sampling/compiled_act.py); the
-        # line saying what they chose is printed once every rollout worker has reported.
+        # (worker, policy) -> its forward's compile report, said once every rollout worker has reported.
         self.actor_compiles: dict = {}
         self.actor_compiles_said = False
         self.drift = DriftWatch(cfg.exploration_loss)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.eval_abandon = StopFlag()  # the evaluator's own stop: ctx.stop lets it finish the evaluation due
-        self.evaluator: Optional[object] = None  # its process, when evaluating
+        self.evaluator: Optional[object] = None
         self.last_eval: Optional[dict] = None
-        self.rollout_processes: dict = {}  # worker index -> its current process
-        self.policy_processes: dict = {}  # policy worker index -> its current process
-        self.training_since: Optional[float] = None  # when the first sample was trained
+        self.rollout_processes: dict = {}
+        self.policy_processes: dict = {}
+        self.training_since: Optional[float] = None
         self.first_batch_s: Optional[float] = None  # seconds from the command's launch to training_since
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
         self._last_report = 0.0
-        self._trained_marks: List[TrainedMark] = []  # one at each report once training began
+        self._trained_marks: List[TrainedMark] = []
         self.compiled_at = 0.0  # when the last compile report (learner's or an actor's) came in
-        self._stopped_at: Optional[TrainedMark] = None  # when the loop ended, once it has
+        self._stopped_at: Optional[TrainedMark] = None
         self._cpu_at_start = machine_load.sample()  # what the cores had done before this run
         self.supervisor = WorkerSupervisor(self, cfg.worker_timeout_seconds, cfg.max_worker_restarts)
 
@@ -615,7 +572,6 @@ class Runner:
     def _num_policy_workers(self) -> int:
         return self.cfg.num_policy_workers if self.cfg.inference == "policy_worker" else 0
 
-    # -- speaking -----------------------------------------------------------------------
     def say(self, text: str, incident: bool = False) -> None:
         """A line for the user. Rank 0 speaks for the run; another rank prints only an
         incident (a restarted worker), on stderr and named by its rank."""
@@ -630,7 +586,6 @@ class Runner:
         """'fastrl: ' or, in a multi-rank run, 'fastrl: rank 1: ': how errors begin."""
         return f"fastrl: {self.rank.name()}: " if self.rank.distributed else "fastrl: "
 
-    # -- processes ----------------------------------------------------------------------
     def _spawn(self, name: str, target, *args, threads: int = 0):
         seed = process_seed(self.cfg.seed, name, self.frames_offset, self.spawned[name], self.rank.rank)
         self.spawned[name] += 1
@@ -680,23 +635,16 @@ class Runner:
                                                    self.device, self.device_params())
 
     def stop_children(self, finish_evaluation: bool = False) -> list:
-        """Ask everyone to stop, wait, then escalate. Returns names that had to be killed.
-        With `finish_evaluation` (a run that ended normally) the evaluator may first
-        play the evaluation due, up to EVAL_FINISH_TIMEOUT_S.
-
-        A child stopped by SIGSTOP (a chaos test, a debugger) sees neither the stop
-        flag nor SIGTERM until it is continued. SIGKILL alone would reach it, but
-        only after the joins below ran out (a minute for the learner), long enough
-        for torchrun to SIGKILL this runner first, and without the learner's final
-        checkpoint. So every descendant is continued first, and a stopped child
-        then leaves as a running one does."""
+        """Ask everyone to stop, wait, then escalate; returns the names that had to be killed. With
+        `finish_evaluation` the evaluator may first play the evaluation due. Every descendant is
+        continued first: a SIGSTOPped child (chaos test, debugger) would heed neither the stop flag
+        nor SIGTERM, and only SIGKILL, too late for the learner's final checkpoint, would reach it."""
         if not finish_evaluation:
             self.eval_abandon.set()
         self.ctx.stop.set()
         continue_descendants()
-        # Only a learner that writes the final checkpoint gets the long wait: another
-        # rank's learner writes none, and one stuck in a collective with a dead rank
-        # would otherwise hold this rank past torchrun's patience.
+        # Only a learner that writes the final checkpoint gets the long wait: another rank's, stuck in a
+        # collective with a dead rank, would hold this rank past torchrun's patience.
         saves = self.rank.main
         deadline = {p: time.time() + (LEARNER_JOIN_TIMEOUT_S if is_learner(p.name) and saves else JOIN_TIMEOUT_S)
                     for p in self.processes}
@@ -729,7 +677,6 @@ class Runner:
         self.eval_abandon.set()
         evaluator.join(JOIN_TIMEOUT_S)
 
-    # -- watching -----------------------------------------------------------------------
     def count(self, field: str) -> float:
         """A counter of this run (fastrl.plumbing.ranks.SUMMED): every rank's in a
         multi-rank run, as of its learner's latest agreement with the others."""
@@ -846,9 +793,8 @@ class Runner:
         return self.cfg.max_restarts - self.earlier.learner_restarts
 
     def _should_stop(self, elapsed: float) -> Optional[str]:
-        """Why the run should end now, or None. In a multi-rank run rank 0 decides
-        (its learner carries the decision to the others' at the next batch) and the
-        budget counts every rank's frames."""
+        """Why the run should end now, or None. Rank 0 decides for every rank (its learner carries the
+        decision to theirs), on every rank's frames."""
         cfg = self.cfg
         if not self.rank.main:
             return None
@@ -929,14 +875,12 @@ class Runner:
         return f" | [{bar}] {done:.0%} ETA {eta_text}"
 
     def run(self, observer=None) -> int:
-        """Train until a stop condition, a failure or a signal; return the exit code.
-        `observer(runner, elapsed_seconds)`, if given, is called at every poll
-        (the bench uses it to take its measurement windows)."""
+        """Train until a stop condition, a failure or a signal; return the exit code. `observer(runner,
+        elapsed_seconds)` is called at every poll (the bench takes its measurement windows there)."""
         cfg = self.cfg
         monitor = (Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset) if self.rank.main
                    else NullMonitor())
-        # Times count from the command's launch, so that a reported time to a score
-        # includes the start-up a user waits through, not just the training loop.
+        # Times count from the command's launch: a time to a score includes the start-up a user waits through.
         start = launched_at()
         exit_code, reason = 0, None
         signals = _StopSignals()
@@ -1001,9 +945,7 @@ class Runner:
         return (0, reason) if reason else None
 
     def _note_first_batch(self, start: float) -> None:
-        """Note when training began, and say how long start-up took: the wait a user
-        sits through before anything learns, which the planner's profile, the
-        engines' start and the first rollouts add up to."""
+        """Note when training began, and say how long start-up took."""
         self.training_since = time.time()
         self.first_batch_s = self.training_since - start
         mark("first batch seen")
@@ -1067,10 +1009,8 @@ class Runner:
         return TrainedMark(time.time(), self.ctx.board.total("samples_trained", "learner"), machine_load.sample())
 
     def steady_window(self) -> List[TrainedMark]:
-        """The reports of the second half of the training so far, opening at the last
-        one before the half way point (the training's start where there is none) and
-        closing now: the steady state the plan predicts. The first half holds the
-        ramp (compiles, the workers' first batches) that a setup's first run pays."""
+        """The marks of the training's second half so far, from the last one before its midpoint to now:
+        the steady state the plan predicts, past the ramp (compiles, first batches) of the first half."""
         now = self._stopped_at or self._mark_now()
         opening = TrainedMark(self.training_since, 0.0, None)
         marks = self._trained_marks
@@ -1179,19 +1119,10 @@ def _mean_text(values) -> str:
 
 
 def train(cfg: Config, explicit: set, rank: Rank = SOLO) -> int:
-    """Train as `python -m fastrl.train` does and return its exit code. With
-    --max_restarts, a run whose learner died is started again from the newest good
-    checkpoint, as a resume would (every process anew: what a dead learner leaves
-    behind, a queue it held locked or a half-gathered batch, goes with the old ones).
-
-    Why the whole run and not the learner alone: the rollout workers' buffers hold
-    samples of policy versions the restored learner has not reached yet, and the
-    published weights are newer than its own; starting everything from the
-    checkpoint is the one state known to be consistent.
-
-    Under torchrun the ranks' learners step in lockstep, so one rank cannot restart
-    alone: torchrun's own --max_restarts restarts them all (fastrl.train refuses
-    ours under torchrun)."""
+    """Train as `python -m fastrl.train` does and return its exit code. With --max_restarts, a run
+    whose learner died starts again, every process anew, from the newest good checkpoint: the workers'
+    buffers and the published weights are newer than the restored learner, so only a whole restart is
+    consistent. Under torchrun, where ranks step in lockstep, torchrun's own --max_restarts does it."""
     if rank.distributed:
         return Runner(cfg, explicit=explicit, rank=rank).run()
     earlier = Earlier()
