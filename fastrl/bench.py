@@ -40,6 +40,7 @@ from fastrl.plumbing.stats_board import FIELDS
 from fastrl.sampling.compiled_act import ACT_COMPILE_KEY, actors_compile, describe_actor_compiles
 from fastrl.tuning.bottleneck import diagnose
 from fastrl.tuning.profiling import (
+    Budget,
     ProfilingError,
     compute_bound_limit,
     machine_info,
@@ -415,7 +416,7 @@ def _measure_limits(cfg: Config, limits: list, obs_space, action_space, precisio
         progress.start("infer" + label)
         threads = sorted({1, cfg.torch_threads, cfg.learner_threads or cfg.torch_threads})
         model = measure_model(cfg, obs_space, action_space, forward_batch_sizes(cfg), threads,
-                              seconds, device=resolve_device(cfg), progress=progress.at, precision=precision)
+                              Budget(seconds, progress=progress.at), device=resolve_device(cfg), precision=precision)
     return env, model
 
 

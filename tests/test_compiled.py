@@ -19,7 +19,7 @@ from helpers import REPO, TrainRun, read_summary
 from test_gradient_step import OBS, _batch, _on_policy
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from fastrl.algo.model import ActorCritic, build_model
+from fastrl.algo.model import ActorCritic, ModelSpec, build_model
 from fastrl.config import Config, parse_args
 from fastrl.learning import compiled as compiled_module
 from fastrl.learning.compiled import COMPILE_STARTED_LINES, TIMED_STEPS, CompiledEvaluate, describe_compile
@@ -61,7 +61,7 @@ def test_the_whole_loss_compiled_gives_eager_outputs_where_time_limits_cut_episo
     # test_gradient_step's batch: an episode end of each kind, two steps cut by a time limit.
     cfg = Config(env="CartPole-v1")
     torch.manual_seed(0)
-    eager = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    eager = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     compiled = copy.deepcopy(eager)
     mb = _on_policy(eager, _batch())
     valid = torch.ones_like(mb["rewards"])
@@ -202,7 +202,7 @@ def tiny_vector_learner():
     """CartPole's smallest model, its batch and an optimizer that changes nothing:
     a cold compile of it takes seconds."""
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     mb = _on_policy(model, _batch())
     return model, mb, torch.optim.SGD(model.parameters(), lr=0.0)
 

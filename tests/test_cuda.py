@@ -11,7 +11,7 @@ import torch.multiprocessing as tmp
 import torch.nn as nn
 from helpers import GPU_MARKS
 
-from fastrl.algo.model import ActorCritic, ActOutput, flat_state, load_flat_state
+from fastrl.algo.model import ActorCritic, ActOutput, ModelSpec, flat_state, load_flat_state
 from fastrl.cuda import cuda_available
 from fastrl.cuda.graphs import (
     EagerPolicy,
@@ -42,7 +42,7 @@ def _seed():
 
 
 def _model(action_space=ACTION_SPACE, use_rnn=True, device="cpu"):
-    model = ActorCritic(OBS_SPACE, action_space, hidden_sizes=(32, 32), use_rnn=use_rnn, rnn_size=16)
+    model = ActorCritic(OBS_SPACE, action_space, ModelSpec(hidden_sizes=(32, 32), use_rnn=use_rnn, rnn_size=16))
     return model.to(device).eval()
 
 
@@ -473,8 +473,9 @@ def test_graphed_bf16_acting_follows_a_weight_reload():
     # bf16 encoders act through weight copies a graph reads by address; the policy
     # copy refreshes them in place after each reload (model.refresh_acting_copies).
     space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)
-    model = _sharpen(ActorCritic(space, ACTION_SPACE, use_rnn=True, rnn_size=16, conv_bf16=True).cuda().eval())
-    other = _sharpen(ActorCritic(space, ACTION_SPACE, use_rnn=True, rnn_size=16, conv_bf16=True).cuda().eval())
+    spec = ModelSpec(use_rnn=True, rnn_size=16, conv_bf16=True)
+    model = _sharpen(ActorCritic(space, ACTION_SPACE, spec).cuda().eval())
+    other = _sharpen(ActorCritic(space, ACTION_SPACE, spec).cuda().eval())
     graphed = GraphedPolicy(model, [8], model.layout, model.rnn_state_size, "cuda", deterministic=True)
     obs = {"obs": torch.randint(0, 256, (8, 3, 36, 36), dtype=torch.uint8, device="cuda")}
     rnn = torch.zeros(8, 16, device="cuda")

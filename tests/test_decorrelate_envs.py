@@ -6,7 +6,7 @@ import numpy as np
 from fastrl.envs.registry import get_spec
 
 from fastrl.algo.distributions import GaussianSpec
-from fastrl.sampling.env_split import MAX_STEPS_INTO_EPISODE, SplitEnvs, make_envs
+from fastrl.sampling.env_split import MAX_STEPS_INTO_EPISODE, SplitEnvs, SplitOptions, make_envs
 
 LIMIT = 200  # Pendulum-v1's max_episode_steps: every episode runs to it
 N, T = 8, 16
@@ -31,8 +31,8 @@ def _split(decorrelate: bool, seeds=tuple(range(100, 100 + N)), limit: int = LIM
         "truncated": np.zeros((1, T + 1, N), bool),
         "episode_start": np.zeros((1, T + 1, N), bool),
     }
-    split = SplitEnvs(spec, {}, list(seeds), envs, views, GaussianSpec(envs[0].action_space), decorrelate=decorrelate,
-                      on_progress=on_progress)
+    split = SplitEnvs(spec, {}, list(seeds), envs, views, GaussianSpec(envs[0].action_space),
+                      SplitOptions(decorrelate=decorrelate, on_progress=on_progress))
     return split, views
 
 

@@ -17,7 +17,7 @@ import torch
 from helpers import TrainRun, read_summary, shm_entries
 from test_gradient_step import OBS, _batch, _on_policy
 
-from fastrl.algo.model import ActorCritic, RunningNorm
+from fastrl.algo.model import ActorCritic, ModelSpec, RunningNorm
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_latest_checkpoint
 from fastrl.learning.learner import _columns, gradient_step, lag_mask, start_log_ratios
@@ -120,7 +120,7 @@ def test_physical_cores_are_read_from_sysfs_and_guessed_where_it_is_silent(tmp_p
 
 def _gradient_on(rank, peers, batch, valid, columns):
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     cfg = Config(env="CartPole-v1", max_grad_norm=0.0, normalize_advantages=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves .grad to read
     gradient_step(cfg, model, optimizer, _columns(batch, columns[rank]), valid[:, columns[rank]], peers)
@@ -132,7 +132,7 @@ def test_the_all_reduced_gradient_is_that_of_every_ranks_samples_at_once():
     # weighted by valid samples, their mean gradient is the gradient of one step over
     # all six columns (as advantages are not normalised per minibatch here).
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     batch = _on_policy(model, _batch())
     batch["policy_version"][:, 4:] = -30
     _, valid = lag_mask(0, batch["policy_version"], 25)
@@ -148,7 +148,7 @@ def test_the_all_reduced_gradient_is_that_of_every_ranks_samples_at_once():
 
 def _return_norm_on(rank, peers, batch, valid, columns):
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,), normalize_returns=True))
     cfg = Config(env="CartPole-v1", max_grad_norm=0.0)
     gradient_step(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), _columns(batch, columns[rank]),
                   valid[:, columns[rank]], peers)
@@ -160,7 +160,7 @@ def test_the_return_normaliser_takes_in_every_ranks_targets_with_the_gradient():
     # The moments ride behind the gradient in its all-reduce (one collective a step,
     # not two): both ranks end with the statistics of every rank's valid targets.
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,), normalize_returns=True))
     batch = _on_policy(model, _batch())
     batch["policy_version"][:, 4:] = -30
     _, valid = lag_mask(0, batch["policy_version"], 25)
@@ -178,7 +178,7 @@ def test_the_return_normaliser_takes_in_every_ranks_targets_with_the_gradient():
 
 def _skip_on(rank, peers, batch):
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     before = [p.detach().clone() for p in model.parameters()]
     batch = _on_policy(model, batch)
     if rank == 1:
@@ -195,7 +195,7 @@ def test_a_step_skipped_on_one_rank_is_skipped_on_every_rank():
 
 def _kl_bound_on(rank, peers, batch):
     torch.manual_seed(0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     before = [p.detach().clone() for p in model.parameters()]
     batch = _on_policy(model, batch)
     batch["start_log_ratio"] = start_log_ratios(model, batch)  # rank 0: at the batch's start, KL 0

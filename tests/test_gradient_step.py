@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.algo.model import ActorCritic
+from fastrl.algo.model import ActorCritic, ModelSpec
 from fastrl.config import Config
 from fastrl.learning.learner import (
     _columns,
@@ -79,7 +79,7 @@ def test_samples_past_max_policy_lag_get_no_gradient():
     # Columns 0-1 come from a policy 30 steps old, past max_policy_lag 25. The masked
     # step's gradient must equal the gradient of a step that never saw those columns.
     cfg = Config(env="CartPole-v1", max_grad_norm=0.0)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     batch = _on_policy(model, _batch())
     batch["policy_version"][:, :2] = -30
     _, valid = lag_mask(0, batch["policy_version"], cfg.max_policy_lag)
@@ -133,7 +133,7 @@ def test_gradient_steps_value_loss_matches_a_float64_return_reference(reward_sca
     cfg = Config(env="CartPole-v1", reward_scale=reward_scale, gamma=0.9, normalize_advantages=False,
                  vtrace_lambda=1.0,  # the reference is the plain return, lambda 1's target
                  bootstrap_time_limits=bootstrap_time_limits, reward_clip=reward_clip)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     batch = _on_policy(model, _batch())
     values, targets = _reference_targets(model, batch, reward_scale, cfg.gamma, bootstrap_time_limits, reward_clip)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -149,7 +149,7 @@ def test_value_clipping_clips_around_the_acting_policys_values():
     from fastrl.algo.appo_loss import value_loss
 
     cfg = Config(env="CartPole-v1", value_clip=0.1)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     batch = _on_policy(model, _batch())
     batch["behaviour_value"] = batch["behaviour_value"] + torch.linspace(-2, 2, T * B).view(T, B)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -165,7 +165,7 @@ def test_value_clipping_clips_around_the_acting_policys_values():
 
 def test_return_normalisation_learns_the_targets_statistics():
     cfg = Config(env="CartPole-v1", normalize_returns=True, lr=1e-3)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,), normalize_returns=True))
     batch = _on_policy(model, _batch())
     batch["rewards"] = batch["rewards"] * 50 + 100  # returns far from N(0, 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -187,7 +187,7 @@ def test_a_pass_of_single_samples_in_any_order_takes_the_whole_batch_step(kind):
     options = {"plain": {}, "lagged_and_masked": {},
                "clipped_value_symmetric_kl": {"value_clip": 0.2, "exploration_loss": "symmetric_kl"}}[kind]
     cfg = Config(env="CartPole-v1", max_grad_norm=0.0, gamma=0.9, vtrace_lambda=0.95, **options)
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), normalize_returns=True)
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,), normalize_returns=True))
     batch = _on_policy(model, _batch())
     valid = torch.ones(T, B)
     if kind == "lagged_and_masked":  # behaviour policies that differ from the learner's, one column dropped
@@ -211,7 +211,7 @@ def test_a_pass_of_single_samples_in_any_order_takes_the_whole_batch_step(kind):
 
 
 def test_evaluate_samples_is_evaluate_row_by_row_and_refuses_a_gru():
-    model = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,)))
     batch = _batch()
     with torch.no_grad():
         ev = model.evaluate(batch["obs"], batch["rnn_state0"], batch["episode_start"], batch["actions"],
@@ -220,6 +220,6 @@ def test_evaluate_samples_is_evaluate_row_by_row_and_refuses_a_gru():
             {"obs": batch["obs"]["obs"][:-1].flatten(0, 1)}, batch["actions"].flatten(0, 1), uniform_kl=True)
     for got, want in ((logp, ev.logp), (entropy, ev.entropy), (values, ev.values[:-1]), (kl, ev.uniform_kl)):
         torch.testing.assert_close(got, want.flatten())
-    recurrent = ActorCritic(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), use_rnn=True, rnn_size=4)
+    recurrent = ActorCritic(OBS, gym.spaces.Discrete(2), ModelSpec(hidden_sizes=(8,), use_rnn=True, rnn_size=4))
     with pytest.raises(ValueError, match="without a GRU"):
         recurrent.evaluate_samples({"obs": torch.zeros(2, 3)}, torch.zeros(2, 1, dtype=torch.long))

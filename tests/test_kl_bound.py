@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from helpers import TrainRun, read_summary
 
-from fastrl.algo.model import ActorCritic
+from fastrl.algo.model import ActorCritic, ModelSpec
 from fastrl.config import Config
 from fastrl.learning.learner import (
     batch_targets,
@@ -26,7 +26,7 @@ T, B = 4, 5
 def _model_and_batch():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    model = ActorCritic(OBS, gym.spaces.Discrete(3), hidden_sizes=(8,))
+    model = ActorCritic(OBS, gym.spaces.Discrete(3), ModelSpec(hidden_sizes=(8,)))
     batch = {
         "obs": {"obs": torch.rand(T + 1, B, 3, generator=g) * 2 - 1},
         "final_obs": {"obs": torch.zeros(0, 3)},

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.algo.model import ActorCritic, obs_layout
+from fastrl.algo.model import ActorCritic, ModelSpec, obs_layout
 from fastrl.learning.learner import _columns, final_values
 from fastrl.plumbing.buffers import TrajectoryBuffers
 
@@ -36,7 +36,7 @@ def _filled_buffers():
 @pytest.mark.parametrize("cols", [None, [4, 0, 3]], ids=["whole batch", "a minibatch of columns"])
 def test_truncated_steps_bootstrap_from_their_own_final_obs(cols):
     buffers = _filled_buffers()
-    model = ActorCritic(OBS_SPACE, gym.spaces.Discrete(2), use_rnn=True, rnn_size=H)
+    model = ActorCritic(OBS_SPACE, gym.spaces.Discrete(2), ModelSpec(use_rnn=True, rnn_size=H))
     batch = buffers.gather([2, 0])  # columns 0-2: buffer 2's envs, 3-5: buffer 0's
     if cols is not None:
         batch = _columns(batch, torch.tensor(cols))

@@ -10,6 +10,7 @@ import torch
 from fastrl.algo.model import (
     IMAGE_NORM_ROWS,
     ActorCritic,
+    ModelSpec,
     RunningNorm,
     flat_state,
     flat_state_size,
@@ -59,7 +60,7 @@ def _batch(space, lead):
 
 
 def _model(name, use_rnn, **kwargs):
-    return ActorCritic(OBS_SPACES[name], ACTION_SPACES[name], use_rnn=use_rnn, rnn_size=H, **kwargs)
+    return ActorCritic(OBS_SPACES[name], ACTION_SPACES[name], ModelSpec(use_rnn=use_rnn, rnn_size=H, **kwargs))
 
 
 @pytest.mark.parametrize("use_rnn", [False, True])
@@ -312,7 +313,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="too small"):
         ActorCritic(gym.spaces.Box(0, 255, (3, 20, 20), np.uint8), gym.spaces.Discrete(2))
     with pytest.raises(ValueError, match="activation"):
-        ActorCritic(VECTOR, gym.spaces.Discrete(2), activation="gelu")
+        ActorCritic(VECTOR, gym.spaces.Discrete(2), ModelSpec(activation="gelu"))
     with pytest.raises(ValueError, match="unsupported space"):
         obs_layout(gym.spaces.MultiBinary(4))
     model = _model("vector", True)
@@ -426,8 +427,9 @@ def test_init_gains_reach_the_encoders_and_the_policy_head():
     # rows, and each row of a wide-enough encoder layer, measure the gain back.
     obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     for enc_gain, pol_gain in ((math.sqrt(2.0), 0.01), (1.0, 1.0)):
-        model = ActorCritic(obs, gym.spaces.Discrete(3), hidden_sizes=(16,), separate_critic=False,
-                            encoder_init_gain=enc_gain, policy_init_gain=pol_gain)
+        spec = ModelSpec(hidden_sizes=(16,), separate_critic=False, encoder_init_gain=enc_gain,
+                         policy_init_gain=pol_gain)
+        model = ActorCritic(obs, gym.spaces.Discrete(3), spec)
         head = model.policy_head.weight  # [3, 16]: 3 orthonormal rows, times the gain
         torch.testing.assert_close(head.norm(dim=1), torch.full((3,), pol_gain))
         first = next(m for m in model.encoders.modules() if isinstance(m, torch.nn.Linear)).weight  # [16, 4]
@@ -439,8 +441,8 @@ def test_bf16_acting_copies_refresh_in_place_with_new_weights():
     # Python that could notice a reload: refresh_acting_copies must write the new
     # weights into the same tensors, with the values a freshly built copy would hold.
     space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)
-    model = ActorCritic(space, gym.spaces.Discrete(3), use_rnn=False, conv_bf16=True).eval()
-    other = ActorCritic(space, gym.spaces.Discrete(3), use_rnn=False, conv_bf16=True).eval()
+    model = ActorCritic(space, gym.spaces.Discrete(3), ModelSpec(use_rnn=False, conv_bf16=True)).eval()
+    other = ActorCritic(space, gym.spaces.Discrete(3), ModelSpec(use_rnn=False, conv_bf16=True)).eval()
     obs = {"obs": torch.randint(0, 256, (4, 3, 36, 36), dtype=torch.uint8)}
     with torch.no_grad():
         model.act(obs, torch.zeros(4, 0))
@@ -462,7 +464,7 @@ def test_a_training_bf16_model_sees_its_optimizer_steps_without_gradients():
     from fastrl.learning.adam import FusedAdam
 
     space = gym.spaces.Box(0, 255, (3, 36, 36), np.uint8)
-    model = ActorCritic(space, gym.spaces.Discrete(3), use_rnn=False, conv_bf16=True).train()
+    model = ActorCritic(space, gym.spaces.Discrete(3), ModelSpec(use_rnn=False, conv_bf16=True)).train()
     image = torch.randint(0, 256, (4, 3, 36, 36), dtype=torch.uint8)
     encoder = model.encoders[0]
     with torch.no_grad():
@@ -484,11 +486,11 @@ def test_the_conv_stacks_on_an_atari_frame(stack, cells):
     # An 84x84 frame: fastrl's stack ends at 4x4 cells of 128 channels, the Nature
     # DQN's at 7x7 of 64 (its 3x3 stride-1 last layer).
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    model = ActorCritic(frames, gym.spaces.Discrete(4), conv_stack=stack)
+    model = ActorCritic(frames, gym.spaces.Discrete(4), ModelSpec(conv_stack=stack))
     encoder = model.encoders[0]
     assert encoder.fc[0].in_features == cells
     obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     with torch.no_grad():
         assert encoder(obs).shape == (5, 512)
     with pytest.raises(ValueError, match="unknown; use one of"):
-        ActorCritic(frames, gym.spaces.Discrete(4), conv_stack="resnet")
+        ActorCritic(frames, gym.spaces.Discrete(4), ModelSpec(conv_stack="resnet"))

@@ -11,7 +11,7 @@ import torch
 from fastrl.algo.model import Precision, build_model, flat_state
 from fastrl.config import Config
 from fastrl.learning import pbt
-from fastrl.learning.learner import Learner
+from fastrl.learning.learner import Learner, LearnerStart
 from fastrl.plumbing.hyper import SharedHyper
 from fastrl.plumbing.params import SharedParams
 from fastrl.plumbing.stats_board import StatsBoard
@@ -131,7 +131,7 @@ def test_a_learner_takes_the_best_policys_weights_and_its_new_hyperparameters():
     ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=params,
                                 board=StatsBoard(["learner", "learner_1"]), hyper=hyper,
                                 precision=Precision("fp32", "fp32", "no image encoder"))
-    learner = Learner(cfg, ctx, "cpu", None, 0, policy=1)
+    learner = Learner(cfg, ctx, "cpu", LearnerStart(policy=1))
     for p in learner.model.parameters():
         p.grad = torch.zeros_like(p)
     learner.optimizer.step()  # moments of the old weights, which the new ones must not inherit

@@ -404,9 +404,9 @@ def test_on_a_gpu_run_the_profile_times_the_learner_and_policy_worker_forwards_o
     real = profiling.measure_model
     gpu_calls = []
 
-    def measure(cfg_, obs_space, action_space, batch_sizes, threads, seconds, device="cpu", **kw):
+    def measure(cfg_, obs_space, action_space, batch_sizes, threads, budget, device="cpu", **kw):
         if device == "cpu":
-            return real(cfg_, obs_space, action_space, batch_sizes, threads, seconds, device, **kw)
+            return real(cfg_, obs_space, action_space, batch_sizes, threads, budget, device, **kw)
         gpu_calls.append((cfg_.batch_size, tuple(batch_sizes), tuple(threads)))
         return profiling.ModelProfile(device="cuda:0", threads=[1], forward_batch_sizes=list(batch_sizes),
                                       forward_s_per_sample={1: {b: 1e-3 / b for b in batch_sizes}},
@@ -683,5 +683,6 @@ def test_the_runner_hands_its_learner_what_earlier_runs_of_the_setup_measured(tm
     monkeypatch.setattr(run, "_spawn", lambda name, target, *args, **kwargs: spawned.append((target, args)))
     run.start()
     (learner_args,) = [args for target, args in spawned if target is learner_main]
-    assert learner_args[-1] == compiled_costs.memory(run.cfg, run.precision.learning)
-    assert learner_args[-1].prior == (0.8, 1.02) and learner_args[-1].setup_key
+    memory = learner_args[3].compile_memory  # (cfg, ctx, device, LearnerStart, device params)
+    assert memory == compiled_costs.memory(run.cfg, run.precision.learning)
+    assert memory.prior == (0.8, 1.02) and memory.setup_key

@@ -235,7 +235,7 @@ def test_actors_and_the_learner_build_their_models_in_their_own_precision(acting
                                 board=StatsBoard(["learner", "policy_0"]),
                                 precision=Precision(acting, learning, "test"))
     actor = PolicyCopy(config, ctx, ctx.board.row("policy_0")).model
-    learner = Learner(config, ctx, "cpu", None, 0).model
+    learner = Learner(config, ctx, "cpu").model
     assert actor.conv_bf16 is (acting == "bf16") and actor.encoders[0].bf16 is (acting == "bf16")
     assert learner.conv_bf16 is (learning == "bf16") and learner.encoders[0].bf16 is (learning == "bf16")
 

@@ -21,7 +21,7 @@ from helpers import GPU_MARKS, REPO, TEST_ENVS_ON_PATH, TrainRun, read_summary, 
 from fastrl.algo.model import Precision, build_model, flat_state
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_checkpoint, load_latest_checkpoint
-from fastrl.learning.learner import Learner
+from fastrl.learning.learner import Learner, LearnerStart
 from fastrl.plumbing.params import SharedParams
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.runtime.runner import NORMALIZER_SEED_STEPS
@@ -487,7 +487,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     ctx = types.SimpleNamespace(obs_space=env.observation_space, action_space=env.action_space, params=[params],
                                 board=StatsBoard(["learner"]), precision=Precision("fp32", "fp32", "no image encoder"))
     torch.manual_seed(12345)
-    learner = Learner(cfg, ctx, "cpu", path1, 0)
+    learner = Learner(cfg, ctx, "cpu", LearnerStart(path1))
     assert torch.equal(torch.get_rng_state(), state1["torch_rng"])
     assert learner.version == state1["version"] and learner.samples_trained == state1["samples_trained"]
     adam_steps = [float(s["step"]) for s in learner.optimizer.state_dict()["state"].values()]

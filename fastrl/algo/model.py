@@ -315,6 +315,22 @@ class EvalOutput(NamedTuple):
     uniform_kl: Optional[torch.Tensor]  # [T, B] symmetric KL to uniform, when asked for
 
 
+class ModelSpec(NamedTuple):
+    """The architecture options of an ActorCritic (Config's, by build_model)."""
+    hidden_sizes: Sequence[int] = (64, 64)
+    use_rnn: bool = False
+    rnn_size: int = 512
+    activation: str = "tanh"
+    normalize_obs: bool = False
+    separate_critic: bool = False
+    conv_bf16: bool = False  # the image encoders compute in bf16
+    normalize_returns: bool = False
+    encoder_init_gain: float = math.sqrt(2.0)
+    policy_init_gain: float = 0.01
+    conv_stack: str = "fastrl"
+    conv_activation: str = "elu"
+
+
 class ActorCritic(nn.Module):
     """Encoders per observation key, an optional GRU core, policy and value heads.
     separate_critic gives the value head its own encoders: more compute, but the value
@@ -322,23 +338,9 @@ class ActorCritic(nn.Module):
     faster with. The learner feeds the normalisers (`update_normalizer`, `return_norm`).
     """
 
-    def __init__(
-        self,
-        obs_space: gym.Space,
-        action_space: gym.Space,
-        hidden_sizes: Sequence[int] = (64, 64),
-        use_rnn: bool = False,
-        rnn_size: int = 512,
-        activation: str = "tanh",
-        normalize_obs: bool = False,
-        separate_critic: bool = False,
-        conv_bf16: bool = False,
-        normalize_returns: bool = False,
-        encoder_init_gain: float = math.sqrt(2.0),
-        policy_init_gain: float = 0.01,
-        conv_stack: str = "fastrl",
-        conv_activation: str = "elu",
-    ):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, spec: Optional[ModelSpec] = None):
+        (hidden_sizes, use_rnn, rnn_size, activation, normalize_obs, separate_critic, conv_bf16, normalize_returns,
+         encoder_init_gain, policy_init_gain, conv_stack, conv_activation) = ModelSpec() if spec is None else spec
         super().__init__()
         self.conv_bf16 = conv_bf16
         self.conv_stack = conv_stack
@@ -624,19 +626,8 @@ def build_model(cfg, obs_space, action_space, precision: str = "fp32") -> ActorC
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"build_model takes precision fp32 or bf16, not {precision!r}; "
                          "resolve --precision auto first (fastrl.tuning.precision).")
-    return ActorCritic(
-        obs_space,
-        action_space,
-        hidden_sizes=cfg.hidden_size_tuple,
-        use_rnn=cfg.use_rnn,
-        rnn_size=cfg.rnn_size,
-        activation=cfg.activation,
-        normalize_obs=cfg.normalize_obs,
-        separate_critic=cfg.separate_critic,
-        conv_bf16=precision == "bf16",
-        normalize_returns=cfg.normalize_returns,
-        encoder_init_gain=cfg.encoder_init_gain,
-        policy_init_gain=cfg.policy_init_gain,
-        conv_stack=cfg.conv_stack,
-        conv_activation=cfg.conv_activation,
-    )
+    return ActorCritic(obs_space, action_space, ModelSpec(
+        hidden_sizes=cfg.hidden_size_tuple, use_rnn=cfg.use_rnn, rnn_size=cfg.rnn_size, activation=cfg.activation,
+        normalize_obs=cfg.normalize_obs, separate_critic=cfg.separate_critic, conv_bf16=precision == "bf16",
+        normalize_returns=cfg.normalize_returns, encoder_init_gain=cfg.encoder_init_gain,
+        policy_init_gain=cfg.policy_init_gain, conv_stack=cfg.conv_stack, conv_activation=cfg.conv_activation))

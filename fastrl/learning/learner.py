@@ -10,7 +10,7 @@ import dataclasses
 import math
 import queue
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -58,13 +58,26 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
-class Learner:
-    """The learner of policy `policy`. `rank` and `shared_options` matter in a
-    multi-rank run only; `compile_memory` is what earlier runs learnt of compiling."""
+class LearnerStart(NamedTuple):
+    """Where a learner starts: the checkpoint it resumes (None: fresh) and the run's
+    frames before it, its policy, its rank and the options every rank must share (a
+    multi-rank run only), and what earlier runs learnt of compiling its step."""
+    resume_path: Optional[str] = None
+    frames_offset: int = 0
+    policy: int = 0
+    rank: Rank = SOLO
+    shared_options: Optional[dict] = None
+    compile_memory: Optional[CompileMemory] = None
 
-    def __init__(self, cfg, ctx: SharedContext, device: str, resume_path: str | None, frames_offset: int,
-                 rank: Rank = SOLO, shared_options: Optional[dict] = None, policy: int = 0,
-                 compile_memory: Optional[CompileMemory] = None):
+
+FRESH = LearnerStart()
+
+
+class Learner:
+    """The learner of one policy, started as `start` says."""
+
+    def __init__(self, cfg, ctx: SharedContext, device: str, start: LearnerStart = FRESH):
+        resume_path, frames_offset, policy, rank, shared_options, compile_memory = start
         self.cfg, self.ctx, self.rank, self.policy = cfg, ctx, rank, policy
         self.params = ctx.params[policy]
         self.device = torch.device(device)
@@ -540,9 +553,8 @@ def _columns(batch: dict, cols: torch.Tensor) -> dict:
     return out
 
 
-def learner_main(cfg, ctx: SharedContext, device: str, resume_path, frames_offset: int, rank: Rank = SOLO,
-                 shared_options: Optional[dict] = None, policy: int = 0, device_params: Optional[list] = None,
-                 compile_memory: Optional[CompileMemory] = None) -> None:
+def learner_main(cfg, ctx: SharedContext, device: str, start: LearnerStart,
+                 device_params: Optional[list] = None) -> None:
     """`device_params`: on a GPU run, each policy's weights on the GPU (plumbing.params)."""
     with device_copies(ctx.params, device_params):
-        Learner(cfg, ctx, device, resume_path, frames_offset, rank, shared_options, policy, compile_memory).run()
+        Learner(cfg, ctx, device, start).run()

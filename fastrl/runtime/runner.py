@@ -54,7 +54,7 @@ from fastrl.learning.checkpoint import (
 from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_STARTED_LINES, describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, learner_main
+from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, LearnerStart, learner_main
 from fastrl.plumbing import machine_load
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
@@ -601,8 +601,9 @@ class Runner:
         if self.learn:
             memory = compiled_costs.memory(cfg, self.precision.learning)
             for k in range(cfg.num_policies):
-                self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, self.resume_paths[k],
-                            self.frames_offset, self.rank, shared_options(cfg), k, self.device_params(), memory,
+                start = LearnerStart(self.resume_paths[k], self.frames_offset, k, self.rank, shared_options(cfg),
+                                     memory)
+                self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, start, self.device_params(),
                             threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -93,18 +93,26 @@ def close_envs(envs: list) -> None:
 MAX_STEPS_INTO_EPISODE = 1000
 
 
+class SplitOptions(NamedTuple):
+    """How a split treats its envs: how many failures in a row restart one,
+    `on_restart` called once a restart is counted (before the replacement is made),
+    and `decorrelate`: reset_all first moves each time-limited env a random way into
+    its episode, calling `on_progress` after each."""
+    max_consecutive_failures: int = 3
+    on_restart: Optional[Callable[[], None]] = None
+    decorrelate: bool = False
+    on_progress: Callable[[], None] = lambda: None
+
+
 class SplitEnvs:
     """The envs of one split and their per-episode bookkeeping. Writes go through
     numpy views of the shared tensors, as torch indexing per row would dominate
     cheap envs."""
 
     def __init__(self, spec, env_options: dict, seeds: list, envs: list, np_views: dict, action_spec,
-                 max_consecutive_failures: int = 3, on_restart: Optional[Callable[[], None]] = None,
-                 decorrelate: bool = False, on_progress: Callable[[], None] = lambda: None):
-        """`envs`: made by make_envs from `seeds`; a failed env is remade from its
-        seed. `on_restart` is called once a restart is counted, before the replacement
-        is made. `decorrelate`: reset_all first moves each time-limited env a random
-        way into its episode, calling `on_progress` after each."""
+                 options: Optional[SplitOptions] = None):
+        """`envs`: made by make_envs from `seeds`; a failed env is remade from its seed."""
+        max_consecutive_failures, on_restart, decorrelate, on_progress = options or SplitOptions()
         self._spec = spec
         self._options = env_options
         self._seeds = list(seeds)

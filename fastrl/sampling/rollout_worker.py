@@ -17,7 +17,7 @@ from fastrl.plumbing.proc import pin_to_core, usable_cores, use_batch_scheduling
 from fastrl.plumbing.seeding import env_seed
 from fastrl.plumbing.stats_board import Timer
 from fastrl.plumbing.timeline import mark
-from fastrl.sampling.env_split import SplitEnvs, make_envs, make_match_agents
+from fastrl.sampling.env_split import SplitEnvs, SplitOptions, make_envs, make_match_agents
 from fastrl.sampling.inference import LocalPolicy, RemotePolicy
 
 QUEUE_TIMEOUT_S = 0.1  # how often a waiting loop looks at the stop flag (it polls: fastrl/plumbing/polling.py)
@@ -64,8 +64,9 @@ class RolloutWorker:
         # The splits that step together: agent a of a group's games is in its split a.
         self.groups = [list(range(g, g + agents)) for g in range(0, cfg.num_splits, agents)]
         self.splits = [SplitEnvs(self.spec, env_options(cfg), seeds[s * n:(s + 1) * n], envs[s * n:(s + 1) * n],
-                                 self.views, ctx.action_spec, on_restart=self._publish_env_restarts,
-                                 decorrelate=cfg.decorrelate_envs, on_progress=self.row.beat)
+                                 self.views, ctx.action_spec,
+                                 SplitOptions(on_restart=self._publish_env_restarts, decorrelate=cfg.decorrelate_envs,
+                                              on_progress=self.row.beat))
                        for s in range(cfg.num_splits)]
         mark(f"rollout-worker {index}: envs made")
         self.buf = [0] * cfg.num_splits  # trajectory buffer each split writes into

@@ -377,12 +377,20 @@ def model_calls(cfg, obs_space, action_space, batch_sizes: Sequence[int], precis
             bench.minibatch["rewards"].numel())
 
 
+class Budget(NamedTuple):
+    """How long a measurement times for, the wall seconds it may take whatever the
+    load, and what it reports its progress to."""
+    seconds: float
+    cap_s: float = math.inf
+    progress: Progress = None
+
+
 def measure_model(cfg, obs_space, action_space, batch_sizes: Sequence[int], threads: Sequence[int],
-                  seconds: float, device: str = "cpu", progress: Progress = None,
-                  forward_threads: Optional[Sequence[int]] = None, *, precision: Precision,
-                  cap_s: float = math.inf) -> ModelProfile:
+                  budget: Budget, device: str = "cpu", forward_threads: Optional[Sequence[int]] = None, *,
+                  precision: Precision) -> ModelProfile:
     """Time the model of `cfg` on random data: forwards at `batch_sizes` on `forward_threads` (default
-    `threads`) and a learner step on `threads`, interleaved over about `seconds`, `cap_s` at most."""
+    `threads`) and a learner step on `threads`, interleaved within the `budget`."""
+    seconds, cap_s, progress = budget
     with learner_memory(cfg.learner_allocator, device):
         forwards, train, samples = model_calls(cfg, obs_space, action_space, batch_sizes, precision, device)
         forward_threads = list(threads if forward_threads is None else forward_threads)
@@ -518,9 +526,9 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
     if on_gpu:
         threads = []  # the learner's step is timed on the GPU below
     if threads or batches:
-        model = measure_model(small, obs_space, action_space, batches, threads, model_seconds,
-                              forward_threads=[1] if batches else [], precision=precision,
-                              cap_s=cap_s - (time.perf_counter() - start))
+        model = measure_model(small, obs_space, action_space, batches, threads,
+                              Budget(model_seconds, cap_s - (time.perf_counter() - start)),
+                              forward_threads=[1] if batches else [], precision=precision)
         forward_s.update(model.forward_s_per_sample.get(1, {}))
         measured = model.train_s_per_sample
         if one_thread is not None:
@@ -533,8 +541,8 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
         return Costs(cores=cores, env_s=env_s, forward_s=forward_s, train_s=train_s), capped
     # At the run's own minibatch: a GPU step of short kernels costs much the same at 256 samples as
     # at 1024, so a small step would overstate the cost per sample.
-    gpu = measure_model(cfg, obs_space, action_space, DEVICE_FORWARD_BATCHES, [1], seconds / 3, device="cuda",
-                        precision=precision, cap_s=cap_s - (time.perf_counter() - start))
+    gpu = measure_model(cfg, obs_space, action_space, DEVICE_FORWARD_BATCHES, [1],
+                        Budget(seconds / 3, cap_s - (time.perf_counter() - start)), device="cuda", precision=precision)
     return Costs(cores=cores, env_s=env_s, forward_s=forward_s, train_s=gpu.train_s_per_sample, gpu=True,
                  device_forward_s=gpu.forward_s_per_sample[1]), capped or gpu.capped
 
