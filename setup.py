@@ -19,6 +19,14 @@ setup(
     description="Asynchronous APPO reinforcement learning, as fast as one machine allows.",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
+    license="MIT",
+    # Linux only: faster-fifo's queues, prctl's parent-death signal and /dev/shm.
+    classifiers=[
+        "License :: OSI Approved :: MIT License",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=["fastrl", "fastrl.algo", "fastrl.plumbing", "fastrl.sampling", "fastrl.learning", "fastrl.tuning",
               "fastrl.runtime", "fastrl.cuda", "fastrl.envs", "fastrl.envs.doom"],
     # envs/ stays a top-level folder of the repository (envs know nothing of the
@@ -37,6 +45,7 @@ setup(
         "psutil>=5.9",
         "tensorboard>=2.12",
         "tqdm>=4.60",
+        "pyyaml>=5.1",  # --config files: a well-kept parser beats a hand-written one
     ],
     extras_require=EXTRAS,
 )
