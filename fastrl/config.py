@@ -638,6 +638,8 @@ def build_parser(prog: str = "python -m fastrl.train", description: str = TRAIN_
                                   + HELP_ALL_EPILOG,
                            formatter_class=_HelpFormatter)
     parser.add_argument("--help_all", action=_HelpAll, help="Show every option, not only the common ones, and exit.")
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="Options from a YAML or JSON file (a run's config.json too); the command line overrides it.")
     groups = {}
     for f in fields:
         meta = f.metadata
@@ -710,6 +712,10 @@ def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> t
     names = {f.name for f in dataclasses.fields(Config)}
     explicit = _explicit_options(argv, parser) & names
     values = {k: v for k, v in vars(args).items() if k in names}
+    if getattr(args, "config", None):
+        from_file = read_config_file(args.config, parser)
+        values.update({k: v for k, v in from_file.items() if k not in explicit})
+        explicit |= set(from_file)
     from fastrl.presets import preset_for
 
     values.update({k: v for k, v in preset_for(values["env"]).items() if k not in explicit})
@@ -717,6 +723,51 @@ def parse_args(argv=None, parser: Optional[argparse.ArgumentParser] = None) -> t
     extra = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in names})
     extra.explicit = explicit  # the options the user gave; planners and presets keep them
     return cfg, extra
+
+
+def _option_text(value) -> str:
+    """A config file's value as the command line would spell it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def read_config_file(path: str, parser: argparse.ArgumentParser) -> dict:
+    """{option: value} of a YAML or JSON file of options, each read as its command-line
+    flag would be; a file that is not one, or names an unknown option, ends in one
+    sentence (parser.error). A run's config.json reads back, its "origins" skipped."""
+    import yaml  # JSON is YAML too, so one reader takes both
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except OSError as err:
+        parser.error(f"--config {path} cannot be read ({err.strerror}); give a YAML or JSON file of options.")
+    except yaml.YAMLError as err:
+        parser.error(f"--config {path} is not YAML or JSON ({str(err).splitlines()[0]}); fix the file.")
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        parser.error(f"--config {path} holds a {type(data).__name__}, not a mapping of option: value.")
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    names = {f.name for f in dataclasses.fields(Config)}
+    values = {}
+    for key, value in data.items():
+        if key == "origins":
+            continue
+        if key not in names:
+            guess = difflib.get_close_matches(str(key), sorted(names), n=1)
+            hint = f" Did you mean {guess[0]}?" if guess else " python -m fastrl.train --help_all lists them."
+            parser.error(f"--config {path} names an unknown option '{key}'.{hint}")
+        action = actions[key]
+        try:
+            values[key] = value if value is None or action.type is None else action.type(_option_text(value))
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            parser.error(f"--config {path}: {key}: {value!r} is not a valid value ({err}).")
+        if action.choices and values[key] not in action.choices:
+            parser.error(f"--config {path}: {key}: {value!r} is not one of {', '.join(action.choices)}.")
+    return values
 
 
 def _explicit_options(argv: list, parser: argparse.ArgumentParser) -> set:

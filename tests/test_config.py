@@ -166,11 +166,11 @@ def test_each_value_off_its_default_names_where_it_came_from(tmp_path):
     prepared = prepare_experiment(cfg, {"env", "train_dir", "lr", "seed"})
     origins = prepared.origins
     assert {k: origins[k] for k in ("lr", "seed", "target_kl", "vtrace_lambda")} == {
-        "lr": "command line", "seed": "command line", "target_kl": "spaces preset", "vtrace_lambda": "spaces preset"}
+        "lr": "given", "seed": "given", "target_kl": "spaces preset", "vtrace_lambda": "spaces preset"}
     planned = {k for k, v in origins.items() if v == "plan"}
     assert planned and all(getattr(prepared.cfg, k) != getattr(Config(), k) for k in planned)
     line = describe_origins(prepared.cfg, origins)
-    assert "command line: lr=0.0003, seed=3" in line and "spaces preset: target_kl=0.01, vtrace_lambda=0.95" in line
+    assert "given: lr=0.0003, seed=3" in line and "spaces preset: target_kl=0.01, vtrace_lambda=0.95" in line
     # config.json keeps them beside the options, and reading it back takes the options alone.
     path = tmp_path / "config.json"
     save_config(prepared.cfg, str(path), origins)

@@ -41,7 +41,7 @@ def test_every_option_is_declared_in_a_section_and_a_tier():
 
 def test_help_lists_only_the_common_options_under_their_sections():
     text = run_help("fastrl.train", "--help")
-    assert listed_options(text) == ["--help_all", *(f"--{name}" for name in COMMON)]
+    assert listed_options(text) == ["--help_all", "--config", *(f"--{name}" for name in COMMON)]
     # A section with a common option keeps its heading; one without any is left out.
     headings = [s for s in sections_in_order() if any(f.metadata["common"] and f.metadata["section"] == s
                                                       for f in FIELDS)]
@@ -51,7 +51,7 @@ def test_help_lists_only_the_common_options_under_their_sections():
 
 def test_help_all_lists_every_option_grouped_as_the_dataclass_declares_them():
     text = run_help("fastrl.train", "--help_all")
-    assert listed_options(text) == ["--help_all", *(f"--{f.name}" for f in FIELDS)]
+    assert listed_options(text) == ["--help_all", "--config", *(f"--{f.name}" for f in FIELDS)]
     assert [h for h in re.findall(r"^(\S.*):$", text, re.M) if h != "options"] == sections_in_order()
 
 

@@ -159,6 +159,47 @@ def test_resume_continues_frames_version_and_optimizer(tmp_path):
     assert state3["env_frames"] < 80000
 
 
+def test_a_config_file_sets_options_and_a_resume_keeps_them_but_for_those_given_again(tmp_path):
+    options = tmp_path / "run.yaml"
+    options.write_text("env: CartPole-v1\nlr: 0.001\nhidden_sizes: [32, 32]\nnormalize_obs: yes\n"
+                       "train_for_env_frames: 20000\nstatus_every_seconds: 1\n")
+    first = TrainRun(["--config", str(options), "--train_dir", str(tmp_path), "--gamma", "0.98"])
+    assert first.wait(timeout=90) == 0, first.output()
+    config_json = tmp_path / "CartPole-v1" / "config.json"
+    saved = json.loads(config_json.read_text())
+    assert (saved["lr"], saved["hidden_sizes"], saved["normalize_obs"], saved["gamma"]) == (0.001, "32,32", True, 0.98)
+    assert saved["origins"]["lr"] == saved["origins"]["gamma"] == "given"
+    assert "options off their defaults, by source: " in first.output()
+
+    # Resumed with one option changed: the rest stay as the run was trained, and the run says what changed.
+    second = TrainRun(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "40000"])
+    assert second.wait(timeout=90) == 0, second.output()
+    assert (f"fastrl: resuming with the options {config_json} saved; changed on this command line: "
+            "train_for_env_frames 20000 -> 40000") in second.output()
+    again = json.loads(config_json.read_text())
+    assert {k: again[k] for k in ("lr", "hidden_sizes", "normalize_obs", "gamma", "train_for_env_frames")} == {
+        "lr": 0.001, "hidden_sizes": "32,32", "normalize_obs": True, "gamma": 0.98, "train_for_env_frames": 40000}
+    assert again["origins"]["lr"] == "saved run" and again["origins"]["train_for_env_frames"] == "given"
+    assert read_summary(tmp_path, "CartPole-v1")["env_frames"] >= 40000
+
+
+@pytest.mark.parametrize("text, words", [
+    ("lr: 0.001\nlearning_rate: 3\n", "names an unknown option 'learning_rate'"),
+    ("- lr\n", "holds a list, not a mapping of option: value"),
+    ("lr: [1\n", "is not YAML or JSON"),
+    ("batch_size: many\n", "batch_size: 'many' is not a valid value"),
+    ("device: tpu\n", "device: 'tpu' is not one of auto, cpu, cuda"),
+])
+def test_a_bad_config_file_is_one_sentence_before_any_process(tmp_path, text, words):
+    options = tmp_path / "run.yaml"
+    options.write_text(text)
+    run = TrainRun(["--env", "CartPole-v1", "--config", str(options), "--train_dir", str(tmp_path)])
+    assert run.wait(timeout=60) == 2
+    lines = [line for line in run.lines if line.strip()]
+    assert len(lines) == 1 and words in lines[0], run.output()
+    assert not (tmp_path / "CartPole-v1").exists()
+
+
 def test_any_gymnasium_env_with_box_actions_trains(tmp_path):
     run = TrainRun(["--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "20000",
                     "--num_workers", "1", "--use_rnn", "--rnn_size", "32"])

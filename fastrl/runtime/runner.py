@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gc
+import json
 import math
 import os
 import queue
@@ -37,6 +38,7 @@ from fastrl.config import (
     Config,
     ConfigError,
     check_env_and_options,
+    config_from_saved,
     describe_origins,
     env_failure,
     env_options,
@@ -285,7 +287,7 @@ class PreparedRun:
     models: list  # one per policy
     states: list  # each policy's checkpoint state, None where it starts afresh
     paths: list
-    origins: dict  # option -> "command line", "env preset", "saved run", "spaces preset" or "plan"
+    origins: dict  # option -> "given" (command line or --config), "env preset", "saved run", "spaces preset", "plan"
 
 
 def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> PreparedRun:
@@ -294,10 +296,11 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     stays as given, so that a resumed run decides auto again on its own machine. Under torchrun
     each rank plans for its share of the machine, rank 0 alone deletes old checkpoints, and --restart
     holds for the launch only, so that ranks torchrun restarts resume instead of starting over."""
-    origins = dict.fromkeys(explicit, "command line")
+    origins = dict.fromkeys(explicit, "given")
     origins.update({k: "env preset" for k in preset_for(cfg.env) if k not in explicit})
     if cfg.restart and rank.restarts:
         cfg = dataclasses.replace(cfg, restart=False)
+    cfg = _saved_options(cfg, explicit, origins, announce=rank.main)
     spec = check_env_and_options(cfg, writes=rank.main)
     _check_experiment(cfg, rank)
     states, paths = zip(*[_latest_checkpoint(cfg, k) for k in range(cfg.num_policies)])
@@ -325,6 +328,35 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     origins = {k: v for k, v in sorted(origins.items()) if getattr(cfg, k) != getattr(defaults, k, None)}
     return PreparedRun(cfg, plan, spec, obs_space, action_space, precision, models, list(states), list(paths),
                        origins)
+
+
+# What says which experiment this is and how to start it: never taken from its config.json.
+LAUNCH_OPTIONS = ("env", "experiment", "train_dir", "restart", "plan")
+
+
+def _saved_options(cfg: Config, explicit: set, origins: dict, announce: bool) -> Config:
+    """A resumed run's options: those its config.json saved, with the ones given on
+    this command line over them, each change said in one line. A run that starts
+    afresh (--restart, or no checkpoint yet) takes the command line as it is."""
+    saved_path = os.path.join(cfg.experiment_dir, "config.json")
+    ckpt_root = os.path.join(cfg.experiment_dir, "checkpoints")
+    if cfg.restart or not os.path.isfile(saved_path) or not (os.path.isdir(ckpt_root) and os.listdir(ckpt_root)):
+        return cfg
+    try:
+        with open(saved_path) as fh:
+            saved = config_from_saved(json.load(fh))
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{saved_path} is not a config fastrl wrote ({err}); fix it, or pass --restart to start "
+                          "over.") from None
+    given = set(explicit) | set(LAUNCH_OPTIONS)
+    merged = dataclasses.replace(saved, **{k: getattr(cfg, k) for k in given})
+    origins.update({f.name: "saved run" for f in dataclasses.fields(Config) if f.name not in given})
+    changed = [f"{k} {getattr(saved, k)} -> {getattr(merged, k)}" for k in sorted(explicit)
+               if k not in LAUNCH_OPTIONS and getattr(saved, k) != getattr(merged, k)]
+    if announce:
+        print(f"fastrl: resuming with the options {saved_path} saved"
+              + (f"; changed on this command line: {', '.join(changed)}" if changed else ""), flush=True)
+    return merged
 
 
 def _check_experiment(cfg: Config, rank: Rank) -> None:
