@@ -1,11 +1,11 @@
-"""The headline table of benchmarks/README.md, written from benchmarks/results/.
+"""The headline table of benchmarks/README.md and docs/results.md, written from benchmarks/results/.
 
-    python benchmarks/report.py            # rewrite the table between the markers
-    python benchmarks/report.py --check    # exit 1 if the table is not what the records say
+    python benchmarks/report.py            # rewrite the README's table and the docs page
+    python benchmarks/report.py --check    # exit 1 if either is not what the records say
 
 One row per question (a results/<question>.jsonl file): its newest record's figure,
-machine, command, date and commit. The table sits between the lines BEGIN and END
-below; the rest of the README is left as it is.
+machine, command, date and commit. In the README the table sits between the lines
+BEGIN and END below and the rest is left as it is; docs/results.md is generated whole.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import records
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 README = os.path.join(records.BENCHMARKS, "README.md")
+PAGE = os.path.join(records.REPO, "docs", "results.md")  # the docs site's Results page
 RESULTS = os.path.join(records.BENCHMARKS, "results")  # the repository's own, whatever records' default
 
 
@@ -64,24 +65,50 @@ def with_table(text: str, new_table: str) -> str:
     return text[:start + len(BEGIN)] + "\n" + new_table + "\n" + text[end:]
 
 
+def page(new_table: str) -> str:
+    """docs/results.md, whole: a heading, what the table is, and the table."""
+    return ("# Results\n\n"
+            "The newest record of each question the standing benchmarks answer: its figure, the\n"
+            "machine it was measured on, the command that measured it, the date and the commit.\n"
+            "fps = env frames per second = agent steps x frameskip (4 for Doom).\n"
+            "`benchmarks/README.md` says what each benchmark measures and how to record a result;\n"
+            "earlier figures are the earlier lines of each `benchmarks/results/<question>.jsonl`.\n\n"
+            "Generated from `benchmarks/results/` by `python benchmarks/report.py`, which writes the\n"
+            "same table into `benchmarks/README.md`: do not edit this page by hand.\n\n"
+            + new_table + "\n")
+
+
+def refresh(path: str, make, check: bool) -> bool:
+    """Whether path's text differs from make(its text); written with the new text unless check."""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as fh:
+            text = fh.read()
+    fresh = make(text)
+    if fresh != text and not check:
+        with open(path, "w") as fh:
+            fh.write(fresh)
+    return fresh != text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if the table is stale")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
     parser.add_argument("--folder", default=RESULTS, help="the records (default: benchmarks/results)")
-    parser.add_argument("--readme", default=README)
+    parser.add_argument("--readme", help="a README with the markers to write (default: benchmarks/README.md)")
+    parser.add_argument("--page", help="a results page to write (default: docs/results.md)")
     args = parser.parse_args(argv)
-    with open(args.readme) as fh:
-        text = fh.read()
-    fresh = with_table(text, table(args.folder))
-    if args.check:
-        if fresh != text:
-            print(f"report: the table in {args.readme} is stale: run python benchmarks/report.py", file=sys.stderr)
-            return 1
-        return 0
-    if fresh != text:
-        with open(args.readme, "w") as fh:
-            fh.write(fresh)
-    return 0
+    # Naming either file means that file alone; naming neither, the repository's two.
+    readme, results_page = (args.readme, args.page) if args.readme or args.page else (README, PAGE)
+    new_table = table(args.folder)
+    stale = []
+    if readme and refresh(readme, lambda text: with_table(text, new_table), args.check):
+        stale.append(readme)
+    if results_page and refresh(results_page, lambda text: page(new_table), args.check):
+        stale.append(results_page)
+    for path in stale if args.check else []:
+        print(f"report: {path} is stale: run python benchmarks/report.py", file=sys.stderr)
+    return 1 if args.check and stale else 0
 
 
 if __name__ == "__main__":
