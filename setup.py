@@ -9,7 +9,8 @@ EXTRAS = {
     "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
     "wandb": ["wandb>=0.16"],
     "plot": ["matplotlib>=3.5"],
-    "dev": ["pytest>=7"],
+    # mkdocs builds the docs site (.ci/run, tests/test_docs_site.py); 1.6 for mkdocs.yml's anchor checks.
+    "dev": ["pytest>=7", "mkdocs>=1.6"],
 }
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 
