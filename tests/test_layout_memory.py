@@ -121,8 +121,15 @@ def test_a_trial_that_trained_slower_is_dropped_and_retried_only_after_many_runs
     retry = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
     assert retry.inference == "local" and retry.predicted["retry"]
     assert "(local inference is tried again: its runs here are old);" in describe(retry, 4)
+    # Confirmed slower: with two runs of its own it waits twice as long for the next try.
+    remember_runs(setup, "local", [0.77])
+    waits = 0
+    while not choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32)).predicted.get("retry"):
+        remember_runs(setup, "policy_worker", [1.06])
+        waits += 1
+    assert waits == 2 * layout_memory.RETRY_AFTER
     # Measured fast this time: its upper quartile now puts it ahead, and it stays.
-    remember_runs(setup, "local", [1.3])
+    remember_runs(setup, "local", [1.3, 1.3])
     assert choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32)).inference == "local"
 
 

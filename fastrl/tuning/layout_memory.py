@@ -16,7 +16,9 @@ from fastrl.tuning.profiling import PROFILED_OPTIONS, read_cache, setup_cache_pa
 MIN_WINDOW_S = 30.0
 KEPT_RUNS = 6  # per mode: enough for a quartile, few enough to follow a machine that changes
 MAX_AGE_S = 30 * 24 * 3600.0
-RETRY_AFTER = 10  # runs of the other modes before a ruled-out mode is tried again
+# Runs of the other modes before a ruled-out mode is tried again, times the runs it
+# already has: each retry that confirms it slower waits longer for the next.
+RETRY_AFTER = 10
 # The most a mode's memory moves its prediction: a little wider than the model's errors.
 SCALE_BOUNDS = (0.7, 1.4)
 # The longest the learner may train nothing in the window: seconds, or a few of its steps if slow.
@@ -110,7 +112,7 @@ def recall(cfg, precision: Precision, now: Optional[float] = None) -> Recall:
         ratios.setdefault(r["inference"], []).append(float(r["ratio"]))
         newest[r["inference"]] = max(newest.get(r["inference"], 0), r["n"])
     return Recall({mode: min(high, max(low, typical(values))) for mode, values in ratios.items()},
-                  frozenset(mode for mode, n in newest.items() if count - n >= RETRY_AFTER))
+                  frozenset(mode for mode, n in newest.items() if count - n >= RETRY_AFTER * len(ratios[mode])))
 
 
 def forget(cfg, precision: Precision) -> None:
