@@ -58,12 +58,13 @@ def test_a_mode_that_trained_below_the_model_loses_the_near_tie_it_won():
     assert agree.inference == "policy_worker" and "model alone" not in describe(agree, 4)
 
 
-@pytest.mark.parametrize("measured", [0.94, 1.19])
-def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured):
-    # Whether the policy worker trained below its prediction or above it, local
+@pytest.mark.parametrize("measured, kept_runs", [(0.94, 1), (1.19, 10)])
+def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured, kept_runs):
+    # The policy worker trained below its prediction, or ten runs were kept: local
     # inference, which the model puts 3% behind, takes the same scale and is run to
     # be measured.
-    after = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": measured}))
+    memory = Recall({"policy_worker": measured}, untried_due=kept_runs >= layout_memory.RETRY_AFTER)
+    after = choose(BATTLE, battle(), explicit=set(), memory=memory)
     p = after.predicted
     assert (after.inference, after.num_workers, after.num_envs_per_worker) == ("local", 2, 32)
     assert p["untried"] and p["measured_scale"] == pytest.approx(measured)
@@ -73,6 +74,15 @@ def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured):
     # Once local has a run of its own, the two modes' measurements decide.
     slow_local = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": measured, "local": 0.7}))
     assert slow_local.inference == "policy_worker" and not slow_local.predicted.get("untried")
+
+
+def test_a_mode_that_beat_its_model_is_not_doubted_at_once():
+    # The policy worker trained above its prediction: the model's 3% in its favour is
+    # no reason to spend a run on local inference, until enough runs were kept.
+    beaten = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": 1.06}))
+    assert beaten.inference == "policy_worker" and not beaten.predicted.get("untried")
+    later = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": 1.06}, untried_due=True))
+    assert later.inference == "local" and later.predicted["untried"]
 
 
 def test_a_mode_the_model_puts_far_behind_is_not_tried():
@@ -104,11 +114,11 @@ def remember_runs(setup, inference, ratios, now=None):
 
 
 def test_a_trial_that_trained_slower_is_dropped_and_retried_only_after_many_runs(cache):
-    # The run the model ranks first (a policy worker) measured at 1.06x; local, tried
-    # once at the borrowed scale, measured 0.77x of its model: the next plan goes back
-    # to the policy worker, and local is tried again only after RETRY_AFTER runs.
+    # The run the model ranks first (a policy worker) measured at 0.94x of it; local,
+    # tried once at the borrowed scale, measured 0.77x of its model: the next plan goes
+    # back to the policy worker, and local is tried again only after RETRY_AFTER runs.
     setup = battle()
-    remember_runs(setup, "policy_worker", [1.06])
+    remember_runs(setup, "policy_worker", [0.94])
     trial = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
     assert trial.inference == "local" and trial.predicted["untried"]
     remember_runs(setup, "local", [0.77])

@@ -112,7 +112,8 @@ def recall(cfg, precision: Precision, now: Optional[float] = None) -> Recall:
         ratios.setdefault(r["inference"], []).append(float(r["ratio"]))
         newest[r["inference"]] = max(newest.get(r["inference"], 0), r["n"])
     return Recall({mode: min(high, max(low, typical(values))) for mode, values in ratios.items()},
-                  frozenset(mode for mode, n in newest.items() if count - n >= RETRY_AFTER * len(ratios[mode])))
+                  frozenset(mode for mode, n in newest.items() if count - n >= RETRY_AFTER * len(ratios[mode])),
+                  untried_due=count >= RETRY_AFTER)
 
 
 def forget(cfg, precision: Precision) -> None:

@@ -252,9 +252,11 @@ def worker_nice(costs: Costs, layout: Layout, work: Workload) -> int:
 
 @dataclass(frozen=True)
 class Recall:
-    """Earlier runs' factor on each measured mode's predictions, and the modes due a retry (layout_memory)."""
+    """Earlier runs' factor on each measured mode's predictions, the modes due a retry, and whether
+    enough runs were kept that a mode none of them measured is worth a try anyway (layout_memory)."""
     scales: dict = field(default_factory=dict)
     due: frozenset = frozenset()
+    untried_due: bool = False
 
 
 def scaled(predicted: dict, scale: float) -> dict:
@@ -348,6 +350,14 @@ def _is_trial(c: Candidate) -> bool:
     return bool(c.predicted.get("untried") or c.predicted.get("retry"))
 
 
+def _worth_a_trial(c: Candidate, memory: Recall) -> bool:
+    """Whether a trial mode near the best is run now: one due a retry; one never measured
+    once the measured mode trained below its model (the model may be wrong about both)
+    or once enough runs passed. A mode that beat its model gives no reason to doubt it."""
+    p = c.predicted
+    return bool(p.get("retry") or (p.get("untried") and (memory.untried_due or p["measured_scale"] < 1 - TIE)))
+
+
 def choose(costs: Costs, cfg, explicit: set, memory: Optional[Recall] = None) -> Plan:
     """The best layout for `cfg` on these costs, keeping the options in `explicit` as the user set them.
     A trial mode within UNTRIED_MARGIN of the best is chosen, to be measured."""
@@ -356,7 +366,7 @@ def choose(costs: Costs, cfg, explicit: set, memory: Optional[Recall] = None) ->
     if memory is not None and memory.scales:
         remembered = _remembered(candidates, memory)
         c = _best(remembered, costs, cfg)
-        trials = [x for x in remembered if _is_trial(x)]
+        trials = [x for x in remembered if _worth_a_trial(x, memory)]
         if trials and not _is_trial(c):
             best = max(x.predicted["trained_steps_per_s"] for x in remembered)
             top = max(x.predicted["trained_steps_per_s"] for x in trials)
