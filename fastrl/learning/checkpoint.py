@@ -52,9 +52,14 @@ class RefusedCheckpointError(CheckpointError):
     code, so it is never skipped silently."""
 
 
+def checkpoint_root(cfg) -> str:
+    """<experiment>/checkpoints: every policy's checkpoints live under it."""
+    return os.path.join(cfg.experiment_dir, "checkpoints")
+
+
 def checkpoint_dir(cfg, policy: int = 0) -> str:
     """<experiment>/checkpoints, or .../policy_<k> with several policies."""
-    root = os.path.join(cfg.experiment_dir, "checkpoints")
+    root = checkpoint_root(cfg)
     return root if cfg.num_policies == 1 else os.path.join(root, f"policy_{policy}")
 
 

@@ -14,6 +14,8 @@ from typing import NamedTuple, Optional
 
 import psutil
 
+from fastrl.plumbing.proc import usable_cores
+
 # The most of the cores other programs may take before a measurement is not kept:
 # a desktop's or a VM's background stays well under it, a second job is far over.
 MAX_FOREIGN_SHARE = 0.1
@@ -77,3 +79,8 @@ def foreign_cores(before: Optional[CpuSample], after: Optional[CpuSample]) -> Op
 def disturbed(foreign: Optional[float], cores: int) -> bool:
     """Whether other programs took more than MAX_FOREIGN_SHARE of `cores`."""
     return foreign is not None and foreign > MAX_FOREIGN_SHARE * cores
+
+
+def disturbed_since(before: Optional[CpuSample]) -> bool:
+    """Whether other programs took more than MAX_FOREIGN_SHARE of this process's cores since `before`."""
+    return disturbed(foreign_cores(before, sample()), usable_cores())

@@ -51,6 +51,7 @@ from fastrl.learning.checkpoint import (
     CheckpointError,
     RefusedCheckpointError,
     checkpoint_dir,
+    checkpoint_root,
     load_latest_checkpoint,
 )
 from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_STARTED_LINES, describe_compile
@@ -321,7 +322,7 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     mark("spec env closed")
     cfg = _apply_plan(cfg, plan, explicit, origins, rank)
     models = _build_models(cfg, obs_space, action_space, states, paths, seed_obs)
-    ckpt_root = os.path.join(cfg.experiment_dir, "checkpoints")
+    ckpt_root = checkpoint_root(cfg)
     if cfg.restart and rank.main and os.path.isdir(ckpt_root):
         shutil.rmtree(ckpt_root)
     defaults = Config(env=cfg.env)
@@ -339,7 +340,7 @@ def _saved_options(cfg: Config, explicit: set, origins: dict, announce: bool) ->
     this command line over them, each change said in one line. A run that starts
     afresh (--restart, or no checkpoint yet) takes the command line as it is."""
     saved_path = os.path.join(cfg.experiment_dir, "config.json")
-    ckpt_root = os.path.join(cfg.experiment_dir, "checkpoints")
+    ckpt_root = checkpoint_root(cfg)
     if cfg.restart or not os.path.isfile(saved_path) or not (os.path.isdir(ckpt_root) and os.listdir(ckpt_root)):
         return cfg
     try:
@@ -364,7 +365,7 @@ def _check_experiment(cfg: Config, rank: Rank) -> None:
     if rank.distributed and cfg.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.num_policies} is not supported under torchrun yet; train several "
                           "policies on one machine without torchrun, or one policy with it.")
-    ckpt_root = os.path.join(cfg.experiment_dir, "checkpoints")
+    ckpt_root = checkpoint_root(cfg)
     if os.path.lexists(ckpt_root) and not os.path.isdir(ckpt_root):
         raise ConfigError(f"{ckpt_root} is not a folder, but the experiment keeps its checkpoints there; "
                           "move it away or choose another --experiment.")

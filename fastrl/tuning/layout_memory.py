@@ -8,7 +8,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional
 
 from fastrl.algo.model import Precision
-from fastrl.plumbing.machine_load import MAX_FOREIGN_SHARE
+from fastrl.plumbing.machine_load import disturbed
 from fastrl.tuning.planner import Recall
 from fastrl.tuning.profiling import PROFILED_OPTIONS, read_cache, setup_cache_path, write_cache
 
@@ -47,7 +47,7 @@ def why_not_a_measure(w: RunWindow) -> str:
         return f"a run of {w.policies} policies"
     if w.seconds < MIN_WINDOW_S:
         return f"its steady window was {w.seconds:.0f} s, under {MIN_WINDOW_S:.0f} s"
-    if w.foreign_cores is not None and w.foreign_cores > MAX_FOREIGN_SHARE * w.cores:
+    if disturbed(w.foreign_cores, w.cores):
         return f"other programs took {w.foreign_cores:.2f} of its {w.cores} cores"
     if w.restarts:
         return f"{w.restarts} restart(s) during the run"

@@ -13,7 +13,6 @@ import torch
 from fastrl.algo.model import Precision, has_images, native_bf16, obs_layout, resolve_device
 from fastrl.plumbing import machine_load
 from fastrl.plumbing.caching_allocator import learner_memory
-from fastrl.plumbing.proc import usable_cores
 from fastrl.tuning.profiling import (
     DEVICE_FORWARD_BATCHES,
     FORWARD_BATCHES,
@@ -123,7 +122,7 @@ def cached_timings(cfg, obs_space, action_space, device: str = "cpu", fresh: boo
         pass
     before = machine_load.sample()
     timings, capped = measure_precision(cfg, obs_space, action_space, MEASURE_SECONDS, MEASURE_CAP_S, device)
-    busy = capped or machine_load.disturbed(machine_load.foreign_cores(before, machine_load.sample()), usable_cores())
+    busy = capped or machine_load.disturbed_since(before)
     if not busy:
         write_cache(path, timings)
     return timings, False, busy

@@ -626,7 +626,7 @@ def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
     before = machine_load.sample()
     costs, capped = profile_costs(cfg, env, env.observation_space, env.action_space, seconds, precision, cap_s,
                                   one_thread)
-    busy = capped or machine_load.disturbed(machine_load.foreign_cores(before, machine_load.sample()), usable_cores())
+    busy = capped or machine_load.disturbed_since(before)
     if not busy:
         write_cache(path, asdict(costs))
     return costs, False, busy
