@@ -15,7 +15,7 @@ from helpers import TEST_ENVS_ON_PATH, TrainRun
 from fastrl.algo.model import Precision
 from fastrl.config import Config
 from fastrl.tuning import layout_memory
-from fastrl.tuning.planner import UNTRIED_MARGIN, Costs, Recall, choose, describe
+from fastrl.tuning.planner import DOUBT_BELOW, UNTRIED_MARGIN, Costs, Recall, choose, describe
 
 FP32 = Precision("fp32", "fp32", "test")
 
@@ -58,9 +58,9 @@ def test_a_mode_that_trained_below_the_model_loses_the_near_tie_it_won():
     assert agree.inference == "policy_worker" and "model alone" not in describe(agree, 4)
 
 
-@pytest.mark.parametrize("measured, kept_runs", [(0.94, 1), (1.19, 10)])
+@pytest.mark.parametrize("measured, kept_runs", [(0.75, 1), (1.19, 10)])
 def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured, kept_runs):
-    # The policy worker trained below its prediction, or ten runs were kept: local
+    # The policy worker trained far below its prediction, or ten runs were kept: local
     # inference, which the model puts 3% behind, takes the same scale and is run to
     # be measured.
     memory = Recall({"policy_worker": measured}, untried_due=kept_runs >= layout_memory.RETRY_AFTER)
@@ -76,11 +76,13 @@ def test_the_mode_no_run_measured_is_tried_once_it_comes_near(measured, kept_run
     assert slow_local.inference == "policy_worker" and not slow_local.predicted.get("untried")
 
 
-def test_a_mode_that_beat_its_model_is_not_doubted_at_once():
-    # The policy worker trained above its prediction: the model's 3% in its favour is
-    # no reason to spend a run on local inference, until enough runs were kept.
-    beaten = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": 1.06}))
-    assert beaten.inference == "policy_worker" and not beaten.predicted.get("untried")
+@pytest.mark.parametrize("measured", [1.06, 0.9, DOUBT_BELOW + 0.01])
+def test_a_mode_that_measured_near_its_model_is_not_doubted_at_once(measured):
+    # The policy worker trained above its prediction, or short of it by no more than quiet
+    # runs differ: the model's 3% in its favour is no reason to spend a run on local
+    # inference, until enough runs were kept.
+    near = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": measured}))
+    assert near.inference == "policy_worker" and not near.predicted.get("untried")
     later = choose(BATTLE, battle(), explicit=set(), memory=Recall({"policy_worker": 1.06}, untried_due=True))
     assert later.inference == "local" and later.predicted["untried"]
 
@@ -114,14 +116,14 @@ def remember_runs(setup, inference, ratios, now=None):
 
 
 def test_a_trial_that_trained_slower_is_dropped_and_retried_only_after_many_runs(cache):
-    # The run the model ranks first (a policy worker) measured at 0.94x of it; local,
-    # tried once at the borrowed scale, measured 0.77x of its model: the next plan goes
+    # The run the model ranks first (a policy worker) measured at 0.75x of it; local,
+    # tried once at the borrowed scale, measured 0.7x of its model: the next plan goes
     # back to the policy worker, and local is tried again only after RETRY_AFTER runs.
     setup = battle()
-    remember_runs(setup, "policy_worker", [0.94])
+    remember_runs(setup, "policy_worker", [0.75])
     trial = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
     assert trial.inference == "local" and trial.predicted["untried"]
-    remember_runs(setup, "local", [0.77])
+    remember_runs(setup, "local", [0.7])
     plans = []
     for _ in range(layout_memory.RETRY_AFTER):
         plan = choose(BATTLE, setup, explicit=set(), memory=layout_memory.recall(setup, FP32))
@@ -224,7 +226,7 @@ def test_the_plan_takes_what_runs_measured_and_fresh_forgets_it(cache, monkeypat
     screen = type("Env", (), {"observation_space": gymnasium.spaces.Box(0, 255, (3, 72, 128), "uint8")})()
     setup = dataclasses.replace(battle(), compile_learner="off", device="cpu")
     assert runner.make_plan(setup, set(), screen, resuming=False, precision=FP32).inference == "policy_worker"
-    remember_runs(setup, "policy_worker", [0.94])
+    remember_runs(setup, "policy_worker", [0.75])
     plan = runner.make_plan(setup, set(), screen, resuming=False, precision=FP32)
     assert plan.inference == "local" and plan.predicted["untried"]
     fresh = runner.make_plan(dataclasses.replace(setup, plan="fresh"), set(), screen, resuming=False, precision=FP32)

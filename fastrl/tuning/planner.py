@@ -42,6 +42,9 @@ IDLE_ACTOR_CORES = 0.25
 # How near the best a trial mode must come to be run: the model's error differs between the modes
 # by more than TIE, so never trying the other mode could cost every later run.
 UNTRIED_MARGIN = 0.15
+# Below this scale the measured mode missed its model by more than quiet runs of one layout
+# differ (benchmarks/plan_after_disturbance.py), so the model may be wrong about the other mode too.
+DOUBT_BELOW = 0.8
 
 
 @dataclass
@@ -351,11 +354,11 @@ def _is_trial(c: Candidate) -> bool:
 
 
 def _worth_a_trial(c: Candidate, memory: Recall) -> bool:
-    """Whether a trial mode near the best is run now: one due a retry; one never measured
-    once the measured mode trained below its model (the model may be wrong about both)
-    or once enough runs passed. A mode that beat its model gives no reason to doubt it."""
+    """Whether a trial mode near the best is run now: one due a retry; one never measured once
+    enough runs passed, or at once when the measured mode fell far short of its model. A run
+    that measured near its model gives no reason to spend the next one on a trial."""
     p = c.predicted
-    return bool(p.get("retry") or (p.get("untried") and (memory.untried_due or p["measured_scale"] < 1 - TIE)))
+    return bool(p.get("retry") or (p.get("untried") and (memory.untried_due or p["measured_scale"] < DOUBT_BELOW)))
 
 
 def choose(costs: Costs, cfg, explicit: set, memory: Optional[Recall] = None) -> Plan:
