@@ -181,6 +181,15 @@ def test_a_config_file_sets_options_and_a_resume_keeps_them_but_for_those_given_
         "lr": 0.001, "hidden_sizes": "32,32", "normalize_obs": True, "gamma": 0.98, "train_for_env_frames": 40000}
     assert again["origins"]["lr"] == "saved run" and again["origins"]["train_for_env_frames"] == "given"
     assert read_summary(tmp_path, "CartPole-v1")["env_frames"] >= 40000
+    checkpoints = str(tmp_path / "CartPole-v1" / "checkpoints")
+    assert load_latest_checkpoint(checkpoints)[0]["optimizer"]["param_groups"][0]["lr"] == 0.001
+
+    # A new rate given on the command line is the rate trained at, not the one the optimizer state saved.
+    third = TrainRun(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "60000",
+                      "--lr", "0.0005"])
+    assert third.wait(timeout=90) == 0, third.output()
+    assert "lr 0.001 -> 0.0005" in third.output()
+    assert load_latest_checkpoint(checkpoints)[0]["optimizer"]["param_groups"][0]["lr"] == 0.0005
 
 
 @pytest.mark.parametrize("text, words", [

@@ -109,6 +109,9 @@ class Learner:
         if resume_path:
             state = load_checkpoint(resume_path)
             self.optimizer.load_state_dict(state["optimizer"])
+            # The run's options (saved, or given again on this command line) set the rate, not the
+            # state saved with it; under PBT its replayed log sets it next (plumbing.hyper).
+            self._set_lr(cfg.lr)
             self.samples_trained = int(state.get("samples_trained", 0))
             if "torch_rng" in state:
                 torch.set_rng_state(state["torch_rng"])
