@@ -57,10 +57,22 @@ def _opt(default, help: str, *, common: bool = False, why: str = "", **extra):
 @dataclass
 class Config:
     _section("what to train and where it goes")
-    env: str = _opt("", "Environment: a fastrl name (doom_battle, doom_basic, ...), a gymnasium id (CartPole-v1) or "
-                        "module:Id. Doom, Atari and continuous-action envs bring their own defaults.", common=True,
+    env: str = _opt("", "Environment: a fastrl name (doom_battle, ...), a gymnasium id (CartPole-v1), a name from "
+                        "fastrl.register_env, or module:name. Doom, Atari and continuous-action envs bring defaults.",
+                    common=True,
                     why="Such a family replaces the defaults of the options you do not set (fastrl/presets.py); an "
-                        "option you give always wins. docs/envs.md lists the names and what each brings.")
+                        "option you give always wins. docs/envs.md lists the names and what each brings, and how to "
+                        "register your own; module:name imports the module, which registers name.")
+    env_option: str = _opt("", "An option of an env registered with fastrl.register_env, as key=value; repeat the flag, "
+                               "or separate pairs with commas.", repeatable=True,
+                           why="The env declares each option with its default and help (docs/envs.md). Values are "
+                               "checked before any process starts and saved in config.json, so a resume and "
+                               "fastrl.enjoy make the same env.")
+    modules: str = _opt("", "Python modules or .py files to import first, comma separated: those registering your envs "
+                            "and models. Filled in when a script registers them.",
+                        why="Every process of a run, and fastrl.enjoy, imports them before it looks up --env and "
+                            "--model; a script that registers its own env or model is recorded here by itself "
+                            "(docs/envs.md).")
     experiment: str = _opt("", "Experiment name; the run lives in <train_dir>/<experiment>/. Defaults to the env name.",
                            common=True)
     train_dir: str = _opt("train_dir", "Root folder for experiments (config.json, checkpoints, summary.json).", common=True)
@@ -218,6 +230,10 @@ class Config:
                                         "--train_for_env_frames (needs that budget).", choices=("constant", "linear"))
 
     _section("model")
+    model: str = _opt("", "The network's encoder: empty for fastrl's (MLP for vectors, conv for images), a name "
+                          "registered with fastrl.register_model, or module:factory.",
+                      why="fastrl keeps its GRU core, heads, action distributions, normalisers and --precision around "
+                          "your encoder (docs/models.md).")
     hidden_sizes: str = _opt("64,64", "MLP encoder layer sizes for vector observations, comma separated.")
     activation: str = _opt("tanh", "MLP activation.", choices=("tanh", "relu", "elu"))
     encoder_init_gain: float = _opt(math.sqrt(2.0), "Orthogonal-init gain of the encoders' conv and linear layers "
@@ -411,6 +427,12 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def __setstate__(self, state: dict) -> None:
+        # A Config reaches each child process pickled: importing its --modules there first
+        # registers the run's own env and model before anything looks them up.
+        self.__dict__.update(state)
+        import_modules(self)
+
 
 def validate(cfg: Config, writes: bool = True) -> None:
     """Raise ConfigError naming the first impossible setting and how to fix it. `writes`: whether
@@ -525,23 +547,71 @@ def validate(cfg: Config, writes: bool = True) -> None:
 
 
 def check_env_and_options(cfg: Config, writes: bool = True):
-    """validate() plus the env name and its options, without importing torch; returns the EnvSpec.
-    An env ignores other families' options, so a --doom_* or --atari_* one for it is refused here."""
+    """validate() plus the env name and its options and the model, without importing torch; returns
+    the EnvSpec. An env ignores other families' options, so a --doom_* or --atari_* one for it is
+    refused here. Records in cfg.modules the modules that registered the env and model here, so that
+    config.json leads fastrl.enjoy and a resume to them."""
     validate(cfg, writes)
-    from fastrl.envs.registry import UnknownEnvError, get_spec
+    from fastrl.algo.model_registry import ModelError, model_builder, model_origin
+    from fastrl.envs.registry import EnvOptionError, UnknownEnvError, get_spec
 
+    import_modules(cfg)
     try:
         spec = get_spec(cfg.env)
     except UnknownEnvError as err:
         raise ConfigError(str(err)) from None
-    for option in env_options(cfg):
+    for option in _family_options(cfg):
         family = option.split("_")[0]
         if not cfg.env.startswith(f"{family}_"):
             raise ConfigError(f"--{option} applies to {family}_* envs only, and {cfg.env} is not one; drop it.")
     if cfg.doom_agents and spec.make_match is None:
         raise ConfigError(f"--doom_agents applies to the Doom deathmatch scenarios only (doom_duel, doom_deathmatch), "
                           f"and {cfg.env} is not one; drop it.")
+    try:
+        spec.read_options(env_option_values(cfg))
+    except EnvOptionError as err:
+        raise ConfigError(f"--env_option: {err}") from None
+    if cfg.model:
+        try:
+            model_builder(cfg.model)
+        except ModelError as err:
+            raise ConfigError(str(err)) from None
+    _record_modules(cfg, {f"env {cfg.env}": spec.origin, f"model {cfg.model}": model_origin(cfg.model)})
     return spec
+
+
+def _module_list(text: str) -> list:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def import_modules(cfg: Config) -> None:
+    """Import cfg.modules, the user's modules that register envs and models; one that cannot be
+    imported is a ConfigError."""
+    from fastrl.envs.registry import import_user_module
+
+    for reference in _module_list(cfg.modules):
+        try:
+            import_user_module(reference)
+        except ImportError as err:
+            raise ConfigError(f"--modules: {err}") from None
+
+
+def _record_modules(cfg: Config, origins: dict) -> None:
+    """Add to cfg.modules each module in `origins` ({what: module that registered it, or ""}) as
+    other processes import it."""
+    from fastrl.envs.registry import module_reference
+
+    modules = _module_list(cfg.modules)
+    for what, origin in origins.items():
+        if not origin:
+            continue
+        reference = module_reference(origin)
+        if not reference:
+            raise ConfigError(f"The {what} was registered in an interactive interpreter, which fastrl's worker "
+                              "processes cannot import; register it in a module or a script file.")
+        if reference not in modules:
+            modules.append(reference)
+    cfg.modules = ",".join(modules)
 
 
 def env_failure(name: str, err: Exception) -> str:
@@ -553,7 +623,24 @@ def env_failure(name: str, err: Exception) -> str:
 
 
 def env_options(cfg: Config) -> dict:
-    """The env options (fastrl.envs.registry) this config asks for; every env of a run gets them."""
+    """The env options (fastrl.envs.registry) this config asks for; every env of a run gets them:
+    those of fastrl's families, and --env_option's, which the env reads as it declared them."""
+    return {**_family_options(cfg), **env_option_values(cfg)}
+
+
+def env_option_values(cfg: Config) -> dict:
+    """--env_option's pairs as {key: value text}, the last of a repeated key winning."""
+    values = {}
+    for pair in _module_list(cfg.env_option):
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--env_option {pair!r} must be key=value, like size=7.")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def _family_options(cfg: Config) -> dict:
+    """The options of fastrl's own env families (doom_*, atari_*) this config sets."""
     options = {}
     if cfg.doom_scenario:
         options["doom_scenario"] = cfg.doom_scenario
@@ -582,6 +669,14 @@ def _str2bool(text: str) -> bool:
 
 def _optional_float(text: str) -> Optional[float]:
     return None if str(text).lower() in ("none", "") else float(text)
+
+
+class _Repeated(argparse.Action):
+    """A text option that may be given more than once (--env_option): its values join with commas."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, "")
+        setattr(namespace, self.dest, f"{before},{values}" if before else values)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -657,6 +752,8 @@ def build_parser(prog: str = "python -m fastrl.train", description: str = TRAIN_
             kwargs.update(type=_optional_float, metavar="X")
         else:
             kwargs["type"] = str
+            if meta.get("repeatable"):
+                kwargs["action"] = _Repeated
         if "choices" in meta:
             kwargs["choices"] = meta["choices"]
         action = groups[meta["section"]].add_argument(f"--{f.name}", **kwargs)
@@ -731,6 +828,8 @@ def _option_text(value) -> str:
         return str(value).lower()
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
+    if isinstance(value, dict):  # env_option: {size: 7} in a YAML file
+        return ",".join(f"{k}={_option_text(v)}" for k, v in value.items())
     return str(value)
 
 
@@ -809,14 +908,16 @@ RETIRED_VALUES = {"lr_schedule": {"kl_adaptive": "constant"}}
 
 
 def config_from_saved(saved: dict) -> Config:
-    """The Config a saved config (config.json, a checkpoint's "config") was trained with. Options this
-    version no longer knows are dropped, as they cannot change the model it builds."""
+    """The Config a saved config (config.json, a checkpoint's "config") was trained with, its --modules
+    imported. Options this version no longer knows are dropped, as they cannot change the model it builds."""
     known = {f.name for f in dataclasses.fields(Config)}
     values = {**EARLIER_DEFAULTS, **{k: v for k, v in saved.items() if k in known}}
     for name, replacements in RETIRED_VALUES.items():
         if values.get(name) in replacements:
             values[name] = replacements[values[name]]
-    return Config(**values)
+    cfg = Config(**values)
+    import_modules(cfg)  # the run's own env and model, for whoever plays or resumes it
+    return cfg
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from fastrl.algo.distributions import ActionSpec
 from fastrl.algo.gru_sequence import gru_sequence
+from fastrl.algo.model_registry import ModelError, model_builder
 
 ObsLayout = Dict[str, Tuple[Tuple[int, ...], torch.dtype]]
 
@@ -279,6 +280,89 @@ class ConvEncoder(nn.Module):
         return self.__dict__["_bf16_copy"]
 
 
+class ObsInput(nn.Module):
+    """One observation key as a registered model's encoder receives it: images float32 in
+    [0, 1], other Boxes float32, each a (per-pixel) z-score with normalize_obs; Discrete int64."""
+
+    def __init__(self, shape: Tuple[int, ...], dtype: torch.dtype, normalize: bool):
+        super().__init__()
+        self.image = dtype == torch.uint8
+        self.norm = RunningNorm(shape, channels_last=self.image) if normalize and dtype != torch.int64 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.image:
+            x = x.contiguous(memory_format=torch.channels_last)  # a no-op on the trainer's buffers
+            return x.float().mul_(1.0 / 255.0) if self.norm is None else self.norm(x)
+        if x.dtype == torch.int64:
+            return x
+        return x.float() if self.norm is None else self.norm(x.float())
+
+
+class UserEncoder(nn.Module):
+    """The encoder of a registered model (--model), between fastrl's observation inputs and
+    its core: `net` gets the observation as its space is shaped (a tensor, or a dict for a
+    Dict space) and returns features [N, out_dim]. bf16 runs it under bfloat16 autocast, the
+    features coming back float32, as --precision bf16 asks of an image encoder."""
+
+    def __init__(self, name: str, net: nn.Module, layout: ObsLayout, as_dict: bool, normalize: bool, bf16: bool):
+        """layout: the keys the encoder sees (an action mask is none of them)."""
+        super().__init__()
+        self.name, self.layout, self.keys, self.as_dict, self.bf16 = name, layout, list(layout), as_dict, bf16
+        # A ModuleList, not a ModuleDict: Dict keys may hold "." which module names cannot.
+        self.inputs = nn.ModuleList(ObsInput(shape, dtype, normalize) for shape, dtype in layout.values())
+        self.net = net
+        self.out_dim = self._checked_out_dim()
+
+    def _features(self, obs: Dict[str, torch.Tensor]):
+        x = {key: prepare(obs[key]) for key, prepare in zip(self.keys, self.inputs)}
+        if not self.bf16:
+            return self.net(x if self.as_dict else x[self.keys[0]])
+        with torch.autocast(next(iter(x.values())).device.type, dtype=torch.bfloat16):
+            return self.net(x if self.as_dict else x[self.keys[0]])
+
+    def forward(self, obs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._features(obs).float()
+
+    @torch.no_grad()
+    def _checked_out_dim(self) -> int:
+        """The features' width, from a forward of two zero observations (in eval mode, so that
+        no running statistic moves); an output that does not fit raises ModelError."""
+        rows = 2
+        shapes = {key: shape for key, (shape, _) in self.layout.items()}
+        batch = {key: obs_zeros((rows,), shape, dtype) for key, (shape, dtype) in self.layout.items()}
+        training = self.training
+        self.eval()
+        try:
+            out = self._features(batch)
+        except Exception as err:  # noqa: BLE001 - the user's forward failed, however it did
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise ModelError(f"Model {self.name!r}: its encoder failed on a batch of {rows} observations of "
+                             f"shapes {shapes} ({type(err).__name__}: {first}).") from None
+        finally:
+            self.train(training)
+        declared = getattr(self.net, "out_dim", None)
+        expected = f"[{rows}, {declared if declared is not None else 'features'}]"
+        if not isinstance(out, torch.Tensor):
+            raise ModelError(f"Model {self.name!r}: its encoder must return one tensor {expected} for {rows} "
+                             f"observations, but returned a {type(out).__name__}.")
+        if out.dim() != 2 or out.shape[0] != rows or (declared is not None and out.shape[1] != declared):
+            raise ModelError(f"Model {self.name!r}: its encoder must return features of shape {expected} for "
+                             f"{rows} observations, but returned {list(out.shape)}.")
+        if not out.is_floating_point():
+            raise ModelError(f"Model {self.name!r}: its encoder returned {out.dtype} features; return "
+                             "floating-point ones.")
+        return int(out.shape[1])
+
+
+def build_user_encoder(name: str, obs_space: gym.Space, layout: ObsLayout, spec: "ModelSpec") -> UserEncoder:
+    """Model `name`'s encoder, from its builder (fastrl.algo.model_registry), checked to fit."""
+    net = model_builder(name)(obs_space, spec)
+    if not isinstance(net, nn.Module):
+        raise ModelError(f"Model {name!r}: its builder must return a torch.nn.Module, the encoder, but returned a "
+                         f"{type(net).__name__}.")
+    return UserEncoder(name, net, layout, isinstance(obs_space, gym.spaces.Dict), spec.normalize_obs, spec.conv_bf16)
+
+
 def gru_step(gi_t: torch.Tensor, h_tm1: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
     """nn.GRUCell's update given its input projection gi_t = x_t W_ih^T + b_ih, in
     torch's gate and operation order, so it matches torch's cell bit for bit but for
@@ -329,6 +413,7 @@ class ModelSpec(NamedTuple):
     policy_init_gain: float = 0.01
     conv_stack: str = "fastrl"
     conv_activation: str = "elu"
+    model: str = ""  # a registered model's encoder in place of fastrl's (fastrl.algo.model_registry)
 
 
 class ActorCritic(nn.Module):
@@ -336,12 +421,15 @@ class ActorCritic(nn.Module):
     separate_critic gives the value head its own encoders: more compute, but the value
     loss no longer pulls on the policy's features, which small vector models learn
     faster with. The learner feeds the normalisers (`update_normalizer`, `return_norm`).
+    A registered model (spec.model) replaces the encoders of every key with one of its own.
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, spec: Optional[ModelSpec] = None):
+        spec = ModelSpec() if spec is None else spec
         (hidden_sizes, use_rnn, rnn_size, activation, normalize_obs, separate_critic, conv_bf16, normalize_returns,
-         encoder_init_gain, policy_init_gain, conv_stack, conv_activation) = ModelSpec() if spec is None else spec
+         encoder_init_gain, policy_init_gain, conv_stack, conv_activation, model) = spec
         super().__init__()
+        self.model, self.model_spec = model, spec
         self.conv_bf16 = conv_bf16
         self.conv_stack = conv_stack
         self.conv_activation = conv_activation
@@ -381,9 +469,13 @@ class ActorCritic(nn.Module):
         return self.return_norm.mean, torch.sqrt(self.return_norm.var + NORM_EPS)
 
     def _build_encoders(self, obs_space, hidden_sizes, activation, normalize_obs) -> nn.ModuleList:
+        if self.model:
+            seen = {key: self.layout[key] for key in self.obs_keys}
+            return nn.ModuleList([build_user_encoder(self.model, obs_space, seen, self.model_spec)])
         # A ModuleList, not a ModuleDict: Dict keys may hold "." which module names cannot.
         encoders = []
-        for key, (shape, dtype) in self.layout.items():
+        for key in self.obs_keys:
+            shape, dtype = self.layout[key]
             space = obs_space[key] if isinstance(obs_space, gym.spaces.Dict) else obs_space
             if dtype == torch.uint8:
                 encoders.append(ConvEncoder(key, shape, bf16=self.conv_bf16, normalize=normalize_obs,
@@ -396,9 +488,10 @@ class ActorCritic(nn.Module):
 
     def _init_weights(self, encoder_gain: float, policy_gain: float) -> None:
         # Orthogonal init keeps activation scale through depth; a small policy gain
-        # starts the policy near uniform. The GRU keeps torch's default init.
-        encoder_modules = list(self.encoders.modules())
-        if self.critic_encoders is not None:
+        # starts the policy near uniform. The GRU keeps torch's default init, a registered
+        # model's encoder the init its builder gave it.
+        encoder_modules = [] if self.model else list(self.encoders.modules())
+        if self.critic_encoders is not None and not self.model:
             encoder_modules += list(self.critic_encoders.modules())
         for module in encoder_modules:
             if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -424,6 +517,8 @@ class ActorCritic(nn.Module):
     def _encode(self, obs: Dict[str, torch.Tensor], encoders=None) -> torch.Tensor:
         """obs {key: [N, *shape]} -> concatenated features [N, F_enc]."""
         encoders = self.encoders if encoders is None else encoders
+        if self.model:  # one encoder sees every key
+            return encoders[0](obs)
         features = [enc(obs[key]) for key, enc in zip(self.obs_keys, encoders)]
         return features[0] if len(features) == 1 else torch.cat(features, dim=-1)
 
@@ -536,23 +631,27 @@ class ActorCritic(nn.Module):
         """Fold a batch {key: [*lead, *shape]} (the rows where keep) into the observation
         statistics; a no-op without normalize_obs. Images contribute at most
         IMAGE_NORM_ROWS random frames, picked before any copy, to keep the cost small."""
-        encoders = list(zip(self.obs_keys, self.encoders))
-        if self.critic_encoders is not None:
-            encoders += list(zip(self.obs_keys, self.critic_encoders))
         kept = None if keep is None else keep.reshape(-1).nonzero().squeeze(1)
-        for key, encoder in encoders:
-            if getattr(encoder, "norm", None) is None:
-                continue
+        for key, norm in self._observation_norms():
             if key not in obs:
                 raise ValueError(f"update_normalizer needs observation key '{key}', got {sorted(obs)}.")
             rows = obs[key].reshape(-1, *self.layout[key][0])  # a view of a time-major batch
             index = kept
-            if isinstance(encoder, ConvEncoder):
+            if self.layout[key][1] == torch.uint8:
                 available = rows.shape[0] if index is None else index.numel()
                 if available > IMAGE_NORM_ROWS:
                     pick = torch.randperm(available, device=rows.device)[:IMAGE_NORM_ROWS]
                     index = pick if index is None else index[pick]
-            encoder.norm.update(rows if index is None else rows.index_select(0, index), reduce)
+            norm.update(rows if index is None else rows.index_select(0, index), reduce)
+
+    def _observation_norms(self) -> List[Tuple[str, RunningNorm]]:
+        """(key, normaliser) of every observation normaliser: in fastrl's encoders, or in the
+        inputs of a registered model's."""
+        found = []
+        for encoders in (e for e in (self.encoders, self.critic_encoders) if e is not None):
+            holders = encoders[0].inputs if self.model else encoders
+            found += [(key, h.norm) for key, h in zip(self.obs_keys, holders) if getattr(h, "norm", None) is not None]
+        return found
 
 
 def _float_tensors(model: nn.Module) -> List[torch.Tensor]:
@@ -630,4 +729,5 @@ def build_model(cfg, obs_space, action_space, precision: str = "fp32") -> ActorC
         hidden_sizes=cfg.hidden_size_tuple, use_rnn=cfg.use_rnn, rnn_size=cfg.rnn_size, activation=cfg.activation,
         normalize_obs=cfg.normalize_obs, separate_critic=cfg.separate_critic, conv_bf16=precision == "bf16",
         normalize_returns=cfg.normalize_returns, encoder_init_gain=cfg.encoder_init_gain,
-        policy_init_gain=cfg.policy_init_gain, conv_stack=cfg.conv_stack, conv_activation=cfg.conv_activation))
+        policy_init_gain=cfg.policy_init_gain, conv_stack=cfg.conv_stack, conv_activation=cfg.conv_activation,
+        model=cfg.model))
