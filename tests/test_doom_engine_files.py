@@ -110,3 +110,53 @@ def test_fastrls_envs_run_the_copy():
         assert expected is not None and {p.exe() for p in engines} == {expected}
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("squatter", ["file", "foreign folder", "open folder"])
+def test_a_squatted_temp_folder_falls_back_to_the_users_cache(tmp_path, monkeypatch, squatter):
+    # Another user (or a stray file) holding /tmp/fastrl-<uid> must neither stop the engines nor
+    # make them run files from a folder others can write.
+    monkeypatch.setattr(engine.tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    squatted = tmp_path / "tmp" / f"fastrl-{os.getuid()}"
+    squatted.parent.mkdir()
+    if squatter == "file":
+        squatted.write_text("not a folder")
+    elif squatter == "foreign folder":
+        if os.getuid() != 0:
+            pytest.skip("giving a folder to another user takes root")
+        squatted.mkdir(mode=0o700)
+        os.chown(squatted, 12345, 12345)
+    else:
+        squatted.mkdir()
+        squatted.chmod(0o777)
+    fallback = engine.private_dir()
+    assert fallback == str(tmp_path / "cache" / "fastrl" / "engine-files")
+    assert os.stat(fallback).st_mode & 0o777 == 0o700
+    # The engine copy is made there and runs.
+    assert stored_engine(VIZDOOM_DIR, fallback) is not None
+
+
+def test_no_safe_folder_at_all_leaves_the_engine_to_vizdoom(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine.tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / f"fastrl-{os.getuid()}").write_text("")
+    (tmp_path / "cache").write_text("")  # the cache's parent is a file: nothing can be made under it
+    assert engine.private_dir() is None
+
+
+def test_a_game_starts_through_the_launcher_in_the_fallback_folder(tmp_path):
+    (tmp_path / f"fastrl-{os.getuid()}").write_text("squatted")
+    script = ("from fastrl.envs.doom import engine\n"
+              "from fastrl.envs.registry import get_spec\n"
+              "env = get_spec('doom_basic').make(seed=0)\n"
+              "env.reset(seed=0)\n"
+              "env.step(env.action_space.sample())\n"
+              "print(engine.engine_launcher_path())\n"
+              "env.close()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    launcher = done.stdout.strip().splitlines()[-1]
+    assert launcher.startswith(str(tmp_path / "cache" / "fastrl" / "engine-files") + os.sep), done.stdout

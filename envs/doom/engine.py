@@ -101,13 +101,26 @@ def engine_launcher_path() -> str | None:
 
 
 def private_dir() -> str | None:
-    """This user's folder for files the engines run, or None if not safely ours."""
-    directory = os.path.join(tempfile.gettempdir(), f"fastrl-{os.getuid()}")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        return None  # not ours, or writable by others: do not run code from it
-    return directory
+    """This user's folder for files the engines run: /tmp/fastrl-<uid> (tmpfs on most machines,
+    so the stored engine loads from memory), else, where a file or another user's folder holds
+    that name, one in the user's cache; None if neither is safely ours."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    for directory in (os.path.join(tempfile.gettempdir(), f"fastrl-{os.getuid()}"),
+                      os.path.join(cache, "fastrl", "engine-files")):
+        if _safely_ours(directory):
+            return directory
+    return None
+
+
+def _safely_ours(directory: str) -> bool:
+    """Whether `directory` is (or was just made) a real folder of this user that nobody else
+    may write: code run from anywhere else could be someone else's."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.lstat(directory)
+    except OSError:  # a file, a dangling link or an unwritable parent holds the name
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _write_launcher() -> str | None:
