@@ -91,6 +91,50 @@ def test_a_build_that_fails_says_why_and_leaves_no_library(monkeypatch, tmp_path
     assert not list((tmp_path / "fastrl" / "allocator").glob("*.so"))
 
 
+@needs_compiler
+def test_a_damaged_or_foreign_architecture_library_is_built_again_once(tmp_path):
+    # What a library built on another machine sharing the cache looks like to ctypes: no ELF it can load.
+    out = in_fresh_process(f"""
+import json, os, torch
+from fastrl.plumbing import caching_allocator as ca
+path = ca._library_path(ca._compiler())
+os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+with open(path, "wb") as fh:
+    fh.write(b"\\x7fELF not for this machine")
+ca.install(max_cached_bytes=64 * {MB}, min_bytes={MB})
+a = torch.ones(1024 * 1024); del a
+b = torch.ones(1024 * 1024)
+print(json.dumps({{"sum": float(b.sum()), **ca.stats()}}))
+""", tmp_path)
+    assert out["sum"] == 1024 * 1024 and out["reused"] == 1
+
+
+@pytest.mark.parametrize("hostile", ["open folder", "foreign file", "link"])
+def test_a_library_someone_else_could_have_placed_is_never_loaded(monkeypatch, tmp_path, hostile):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(caching_allocator, "_lib", None)
+    monkeypatch.setattr(caching_allocator, "_compiler", lambda: "/usr/bin/c++")
+    path = caching_allocator._library_path("/usr/bin/c++")
+    os.makedirs(os.path.dirname(path))
+    planted = tmp_path / "planted.so"
+    planted.write_bytes(b"code someone else wrote")
+    if hostile == "open folder":
+        os.chmod(os.path.dirname(path), 0o777)
+        shutil.copy(planted, path)
+        words = "is writable by other users"
+    elif hostile == "foreign file":
+        if os.getuid() != 0:
+            pytest.skip("giving a file to another user takes root")
+        shutil.copy(planted, path)
+        os.chown(path, 12345, 12345)
+        words = "belongs to another user"
+    else:
+        os.symlink(planted, path)
+        words = "is not a plain file"
+    with pytest.raises(caching_allocator.AllocatorUnavailable, match=words):
+        caching_allocator.install(MB)
+
+
 def test_a_run_whose_learner_cannot_build_it_says_so_and_trains_on(tmp_path):
     # A C++ compiler that always fails stands for a machine without a working one.
     fake = tmp_path / "broken-c++"

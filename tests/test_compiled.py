@@ -338,6 +338,21 @@ def test_the_compile_keeps_inductors_cache_in_the_users_cache_unless_told_where(
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "fastrl" / "inductor")
 
 
+def test_an_inductor_cache_folder_others_can_write_is_not_used(monkeypatch, tmp_path):
+    from fastrl.plumbing.compiling import use_inductor_cache
+
+    forget_inductors_cache_dir(monkeypatch)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shared = tmp_path / "cache" / "fastrl" / "inductor"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)  # anyone could plant compiled code here, which inductor would load
+    use_inductor_cache()
+    private = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert private != str(shared) and os.path.basename(private).startswith("fastrl-inductor-")
+    assert os.stat(private).st_uid == os.getuid() and os.stat(private).st_mode & 0o777 == 0o700
+    os.rmdir(private)
+
+
 def test_the_first_step_and_the_compiles_start_leave_torch_dynamo_unimported(tmp_path):
     # The learner's first batch waits for its first step, whose end starts the
     # compile: importing torch._dynamo there cost it a second (inductor's module that

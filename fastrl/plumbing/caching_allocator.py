@@ -7,7 +7,8 @@ heap without bound instead. This allocator (caching_allocator.cpp) sits in front
 torch's: blocks of at least `min_bytes` are kept when freed, up to `max_cached_bytes`,
 and reused for the next request of the same size; sizes no longer asked for make
 room for new ones. C++ because torch calls its allocator from C++; built once per torch
-version with the machine's compiler and cached under ~/.cache/fastrl/allocator.
+version with the machine's compiler and cached under ~/.cache/fastrl/allocator, loaded only
+from a folder and file of this user that nobody else may write.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -22,7 +24,7 @@ from typing import Optional
 
 import psutil
 
-from fastrl.plumbing.files import user_cache
+from fastrl.plumbing.files import not_safely_ours, user_cache
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "caching_allocator.cpp")
 BUILD_TIMEOUT_S = 120.0
@@ -48,8 +50,11 @@ def _compiler() -> str:
 def _library_path(compiler: str) -> str:
     import torch
 
+    # One build per source, torch, compiler, architecture and C++ ABI: a cache folder shared by
+    # machines or by two torch builds must never hand one the other's library.
+    build = f"{torch.__version__} {compiler} {platform.machine()} {int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     with open(SOURCE, "rb") as fh:
-        key = hashlib.sha1(fh.read() + f"{torch.__version__} {compiler}".encode()).hexdigest()[:16]
+        key = hashlib.sha1(fh.read() + build.encode()).hexdigest()[:16]
     return os.path.join(user_cache("allocator"), f"caching_allocator_{key}.so")
 
 
@@ -60,7 +65,7 @@ def _build(path: str, compiler: str) -> None:
     lib_dir = os.path.join(torch_dir, "lib")
     # Built beside its final name and renamed in, so concurrent builds never load half a file.
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
         os.close(fd)
     except OSError as err:
@@ -91,13 +96,25 @@ def _load() -> ctypes.CDLL:
         if not os.path.isfile(path):
             _build(path, compiler)
         try:
-            lib = ctypes.CDLL(path)
-        except OSError as err:
-            raise AllocatorUnavailable(f"loading {path} failed ({err})") from None
+            lib = _load_if_ours(path)
+        except OSError:  # damaged, or built for another machine: built again, once
+            os.unlink(path)
+            _build(path, compiler)
+            try:
+                lib = _load_if_ours(path)
+            except OSError as err:
+                raise AllocatorUnavailable(f"loading {path} failed ({err})") from None
         lib.fastrl_install_caching_allocator.argtypes = (ctypes.c_size_t, ctypes.c_size_t)
         lib.fastrl_caching_allocator_stats.argtypes = (ctypes.POINTER(ctypes.c_size_t),)
         _lib = lib
     return _lib
+
+
+def _load_if_ours(path: str) -> ctypes.CDLL:
+    why = not_safely_ours(os.path.dirname(path), folder=True) or not_safely_ours(path, folder=False)
+    if why:
+        raise AllocatorUnavailable(f"it is not loaded from where another user could have put it: {why}")
+    return ctypes.CDLL(path)
 
 
 def install(max_cached_bytes: int, min_bytes: int = MIN_BYTES) -> None:

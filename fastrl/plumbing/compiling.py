@@ -9,11 +9,12 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Optional
 
-from fastrl.plumbing.files import user_cache, write_json
+from fastrl.plumbing.files import not_safely_ours, user_cache, write_json
 
 
 # `auto` compiles image models with a GRU core on a CPU: the unrolled loop is one graph
@@ -34,10 +35,17 @@ INDUCTOR_CACHE = "inductor"
 
 def use_inductor_cache() -> None:
     """Point inductor at fastrl's cache folder unless the user named one. Importing
-    torch._dynamo sets the variable to inductor's default, which counts as unnamed."""
+    torch._dynamo sets the variable to inductor's default, which counts as unnamed.
+    Inductor loads the code it finds there, so a folder another user could write is
+    replaced by a fresh private one: this process then compiles from scratch."""
     named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if named is None or named == _inductors_default():
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = user_cache(INDUCTOR_CACHE)
+        folder = user_cache(INDUCTOR_CACHE)
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        if not_safely_ours(folder, folder=True):
+            folder = tempfile.mkdtemp(prefix="fastrl-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
 
 
 def _inductors_default() -> Optional[str]:

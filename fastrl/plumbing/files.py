@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from typing import Optional
 
@@ -29,6 +30,24 @@ def user_cache(name: str) -> str:
     """fastrl's folder `name` in the user's cache (XDG_CACHE_HOME, else ~/.cache):
     what a machine's later runs reuse, kept across reboots, unlike /tmp."""
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastrl", name)
+
+
+def not_safely_ours(path: str, folder: bool) -> Optional[str]:
+    """Why code loaded from `path` (a folder, or a file) could be someone else's, or None:
+    it must be this user's and writable by nobody else, as links and foreign files in a
+    cache would run another user's code in every run."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return f"{path} cannot be read ({err.strerror})"
+    kind = stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)
+    if not kind:
+        return f"{path} is not a {'folder' if folder else 'plain file'}"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by other users"
+    return None
 
 
 def cannot_write(path: str, folder: bool = False) -> Optional[str]:
