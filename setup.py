@@ -38,7 +38,9 @@ setup(
     package_data={"fastrl.envs.doom": ["scenarios/*", "net_yield.c"], "fastrl.plumbing": ["caching_allocator.cpp"]},
     python_requires=">=3.9",
     install_requires=[
-        "torch>=2.4",  # 2.4: the fused Adam kernel on CPUs (fastrl/learning/adam.py)
+        # 2.6: torch.load(weights_only=True) runs no code from a checkpoint someone hands you
+        # (earlier releases could be made to); 2.4 brought the fused Adam kernel on CPUs.
+        "torch>=2.6",
         "numpy>=1.24",
         "faster-fifo>=1.5",
         "gymnasium>=0.29",
