@@ -21,7 +21,7 @@ from fastrl.algo.model import ActorCritic, ModelSpec, RunningNorm
 from fastrl.config import Config
 from fastrl.learning.checkpoint import load_latest_checkpoint
 from fastrl.learning.learner import _columns, gradient_step, lag_mask, start_log_ratios
-from fastrl.plumbing.collectives import PeerError, Peers
+from fastrl.plumbing.collectives import PeerError, Peers, weights_digest
 from fastrl.plumbing.proc import start_process_server
 from fastrl.plumbing.ranks import Rank, RankError, _physical_cores, core_share, detect_rank
 from fastrl.plumbing.stats_board import StatsBoard
@@ -314,7 +314,12 @@ def test_a_rank_signalled_out_of_a_collective_leaves_without_waiting_for_it(tmp_
     assert on_two_ranks(_leave_a_collective_on, str(tmp_path / "left")) == [True, True]
 
 
+def _refuse_pickles(*args, **kwargs):
+    raise AssertionError("ranks must exchange fixed-size tensors, never pickles")
+
+
 def _check_on(rank, peers, values):
+    torch.distributed.all_gather_object = torch.distributed.broadcast_object_list = _refuse_pickles
     peers.check_agreement({"model size": 100, **values[rank]}, {"resumed policy version": "same folder."},
                           "same command.")
 
@@ -326,6 +331,24 @@ def test_ranks_that_differ_are_refused_naming_the_rank_and_the_difference():
                              (options, "rank 1's --lr is 0.01 but rank 0's is 0.001; same command.")]:
         for err in on_two_ranks(_check_on, values):
             assert isinstance(err, PeerError) and str(err) == sentence
+    # Another fastrl on one rank checks another set of values: refused, not hung.
+    newer = [{"--lr": 0.001}, {"--lr": 0.001, "--new_option": 1}]
+    for err in on_two_ranks(_check_on, newer):
+        assert isinstance(err, PeerError) and str(err) == (
+            "rank 1 checks 3 values at start-up but rank 0 checks 2: install one fastrl version on every machine.")
+    assert on_two_ranks(_check_on, [{"--lr": 0.001}] * 2) == [None, None]
+
+
+def _digests_on(rank, peers):
+    torch.distributed.all_gather_object = _refuse_pickles
+    model = torch.nn.Linear(3, 2)
+    torch.nn.init.constant_(model.weight, float(rank))
+    return peers.weights_digests(model), weights_digest(model)
+
+
+def test_weights_digests_come_back_in_rank_order():
+    (digests0, own0), (digests1, own1) = on_two_ranks(_digests_on)
+    assert digests0 == digests1 == [own0, own1] and own0 != own1
 
 
 # --------------------------------------------------------------------------------------

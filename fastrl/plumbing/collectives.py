@@ -20,6 +20,8 @@ from fastrl.plumbing.stats_board import BoardRow, Timer
 
 # How long a learner waits in a collective before it looks at its signals again.
 WAIT_SLICE = datetime.timedelta(seconds=0.2)
+DIGEST_BYTES = 32  # SHA-256
+SHOWN_BYTES = 200  # what a refusal quotes of each rank's differing value
 
 
 def _wait_taking_signals(work) -> None:
@@ -118,25 +120,42 @@ class Peers:
                 raise self._lost(what, err) from None
         return tensor
 
-    def _all_gather_object(self, value: Any, what: str) -> List[Any]:
-        """Every rank's `value`, in rank order. It pickles, so only at start and end."""
-        gathered: List[Any] = [None] * self.rank.world_size
+    def _all_gather_bytes(self, data: bytes, size: int, what: str) -> List[bytes]:
+        """Every rank's `data` (at most `size` bytes, zero-padded), in rank order: fixed-size
+        tensors, never pickles, so a peer's bytes can only ever be read, not run."""
+        mine = torch.zeros(size, dtype=torch.uint8)
+        mine[:len(data)] = torch.frombuffer(bytearray(data[:size]), dtype=torch.uint8)
+        gathered = [torch.zeros_like(mine, device=self.device) for _ in range(self.rank.world_size)]
         with self._timer("sync_s"):
             try:
-                dist.all_gather_object(gathered, value)
+                dist.all_gather(gathered, mine.to(self.device))
             except RuntimeError as err:
                 raise self._lost(what, err) from None
-        return gathered
+        return [bytes(t.cpu().numpy()) for t in gathered]
 
     # -- the start and the end ----------------------------------------------------------
     def check_agreement(self, values: Dict[str, Any], hints: Dict[str, str], hint: str) -> None:
         """Raise PeerError on every rank, naming the first of `values` where a rank
-        differs from rank 0, with its hint."""
-        gathered = self._all_gather_object(values, "the start-up check")
+        differs from rank 0, with its hint. The ranks compare digests of each name and
+        value; only a difference is quoted, as text of bounded length."""
+        names = list(values)
+        counts = self._all_gather_bytes(len(names).to_bytes(4, "little"), 4, "the start-up check")
+        for r, count in enumerate(counts):
+            if count != counts[0]:
+                raise PeerError(f"rank {r} checks {int.from_bytes(count, 'little')} values at start-up but rank 0 "
+                                f"checks {int.from_bytes(counts[0], 'little')}: install one fastrl version on every "
+                                "machine.")
+        shown = [f"{name}={values[name]!r}".encode() for name in names]
+        digests = b"".join(hashlib.sha256(text).digest() for text in shown)
+        size = DIGEST_BYTES * len(names)
+        gathered = self._all_gather_bytes(digests + bytes(size - len(digests)), size, "the start-up check")
         for r, theirs in enumerate(gathered):
-            for name, first in gathered[0].items():
-                if theirs.get(name) != first:
-                    raise PeerError(f"rank {r}'s {name} is {theirs.get(name)!r} but rank 0's is {first!r}; "
+            for i, name in enumerate(names):
+                at = slice(i * DIGEST_BYTES, (i + 1) * DIGEST_BYTES)
+                if theirs[at] != gathered[0][at]:
+                    quoted = self._all_gather_bytes(repr(values[name]).encode(), SHOWN_BYTES, "the start-up check")
+                    text = [q.rstrip(b"\0").decode("utf-8", "replace") for q in quoted]
+                    raise PeerError(f"rank {r}'s {name} is {text[r]} but rank 0's is {text[0]}; "
                                     f"{hints.get(name, hint)}")
 
     def broadcast_(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -150,7 +169,8 @@ class Peers:
 
     def weights_digests(self, model: torch.nn.Module) -> List[str]:
         """Every rank's weights_digest, in rank order."""
-        return self._all_gather_object(weights_digest(model), "the final weights check")
+        raw = bytes.fromhex(weights_digest(model))
+        return [d.hex() for d in self._all_gather_bytes(raw, DIGEST_BYTES, "the final weights check")]
 
     # -- every batch --------------------------------------------------------------------
     def agree(self, stop: bool, counts: torch.Tensor) -> Tuple[bool, torch.Tensor]:
