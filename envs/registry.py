@@ -236,7 +236,7 @@ def register_env(name: str, make_fn: Callable[..., gymnasium.Env], frameskip: in
     """Make `name` an env fastrl trains (`--env name`) and plays, and return its EnvSpec.
 
     make_fn(**options) returns one gymnasium.Env; it gets every declared option, and `seed` and
-    `render_mode` where it takes parameters of those names. fastrl seeds the env through
+    `render_mode` where it takes parameters of those names (or **kwargs). fastrl seeds the env through
     reset(seed=...), as it does gymnasium ids. frameskip: the env frames one step counts for.
     options: {name: (default, one-line help)}, set with --env_option name=value; the default's
     type (bool, int, float or str) is the type values are read as.
@@ -255,14 +255,18 @@ def register_env(name: str, make_fn: Callable[..., gymnasium.Env], frameskip: in
                                    ">= 1, the env frames one step counts for.")
     declared = _declared_options(name, options or {})
     takes = _maker_arguments(make_fn)
+    missing = [key for key in declared if takes is not None and key not in takes]
+    if missing:
+        raise EnvRegistrationError(f"register_env({name!r}, ...): make_fn takes no parameter {missing[0]!r}, which "
+                                   "it declares as an option; add it to make_fn's parameters.")
 
     def make(seed: int | None = None, **given) -> gymnasium.Env:
         # Options of fastrl's families, and render_mode, are the trainer's to every env; the rest must be ours.
         own = {k: v for k, v in given.items() if k != "render_mode" and not k.startswith(_FAMILY_PREFIXES)}
         kwargs = spec.read_options(own)
-        if "seed" in takes:
+        if takes is None or "seed" in takes:
             kwargs["seed"] = seed
-        if "render_mode" in takes and given.get("render_mode"):
+        if (takes is None or "render_mode" in takes) and given.get("render_mode"):
             kwargs["render_mode"] = given["render_mode"]
         env = make_fn(**kwargs)
         if not isinstance(env, gymnasium.Env):
@@ -337,15 +341,17 @@ def _declared_options(env: str, options: Mapping) -> dict:
     return declared
 
 
-def _maker_arguments(make_fn) -> set:
-    """Which of seed and render_mode make_fn takes (all, with **kwargs)."""
+def _maker_arguments(make_fn) -> set | None:
+    """The keyword parameters make_fn takes; None where it takes any (**kwargs) or its
+    signature cannot be read (then it gets seed and render_mode too, and must take them)."""
     try:
         parameters = inspect.signature(make_fn).parameters.values()
-    except (TypeError, ValueError):  # no signature to read: give it the options only
-        return set()
+    except (TypeError, ValueError):
+        return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return set(_MAKER_ARGUMENTS)
-    return {p.name for p in parameters if p.name in _MAKER_ARGUMENTS}
+        return None
+    return {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)}
 
 
 def _undeclared_message(spec: EnvSpec, key: str) -> str:
