@@ -49,6 +49,7 @@ setup(
         "tensorboard>=2.12",
         "tqdm>=4.60",
         "pyyaml>=5.1",  # --config files: a well-kept parser beats a hand-written one
+        "safetensors>=0.4",  # exported weights (fastrl.export): tensors only, so loading one runs no code
     ],
     extras_require=EXTRAS,
 )

@@ -22,3 +22,33 @@ class _CheckoutEnvsFinder:
 
 if not os.path.isdir(os.path.join(_HERE, "envs")) and os.path.isfile(os.path.join(_CHECKOUT_ENVS, "__init__.py")):
     sys.meta_path.insert(0, _CheckoutEnvsFinder)
+
+# The Python API (docs/python-api.md), imported when first used so that `import fastrl` stays
+# cheap: name -> the module that defines it. "train" is the module fastrl.train itself, which is
+# callable (see fastrl/train.py).
+_LAZY = {
+    "Config": "fastrl.config",
+    "ConfigError": "fastrl.config",
+    "train": "fastrl.train",
+    "TrainSummary": "fastrl.api",
+    "TrainingError": "fastrl.api",
+    "load_policy": "fastrl.api",
+    "Policy": "fastrl.policy",
+    "AgentLoadError": "fastrl.agent",
+    "register_env": "fastrl.envs.registry",
+    "register_model": "fastrl.algo.model_registry",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fastrl' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    value = module if _LAZY[name] == f"{__name__}.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

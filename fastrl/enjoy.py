@@ -1,32 +1,25 @@
-"""`python -m fastrl.enjoy --env ENV --experiment NAME`: watch a trained agent.
+"""`python -m fastrl.enjoy --env ENV --experiment NAME`, or `--from DIR`: watch a trained agent.
 
-Plays episodes with the experiment's policy, printing each return (and true
-objective), and with --save_video writes the rendered frames to an mp4 (one per reset
-and per agent step). The model is rebuilt from the experiment's config.json; the env
-comes from --env, so a policy can be watched on a variant with the same spaces.
+Plays episodes with the experiment's policy, or an export's (python -m fastrl.export),
+printing each return (and true objective), and with --save_video writes the rendered
+frames to an mp4 (one per reset and per agent step). The model is rebuilt from the saved
+config.json; the env comes from --env (an export's own by default), so a policy can be
+watched on a variant with the same spaces.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from tqdm import tqdm
 
+from fastrl.agent import AgentLoadError, is_export, load_experiment_config, read_export, select_checkpoint
 from fastrl.algo.model import build_model, obs_to_tensors
-from fastrl.config import Config, OneLineParser, config_from_saved, env_failure, env_options
-from fastrl.learning.checkpoint import (
-    BEST_NAME,
-    CheckpointError,
-    RefusedCheckpointError,
-    checkpoint_dir,
-    load_checkpoint,
-    load_latest_checkpoint,
-)
+from fastrl.config import Config, OneLineParser, env_failure, env_options
 from fastrl.plumbing.files import cannot_write
 from fastrl.plumbing.seeding import SEED_BITS
 from fastrl.tuning.precision import resolve_precision
@@ -35,14 +28,19 @@ DEFAULT_VIDEO_FPS = 30
 
 
 class EnjoyError(Exception):
-    """A bad request (missing experiment, checkpoint or env); the message says how to fix it."""
+    """A bad request (bad arguments, an env that cannot be made); the message says how to fix it.
+    A missing experiment or checkpoint is fastrl.agent's AgentLoadError."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(env_required: bool = True) -> argparse.ArgumentParser:
+    """env_required: whether --env must be given, as it must unless --from names an export."""
     parser = OneLineParser(prog="python -m fastrl.enjoy", description="Watch a trained agent play.",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
                            error_name="fastrl.enjoy")
-    parser.add_argument("--env", required=True, help="Environment to play, as given to fastrl.train.")
+    parser.add_argument("--env", default="", required=env_required,
+                        help="Environment to play, as given to fastrl.train; with --from, the export's by default.")
+    parser.add_argument("--from", dest="from_dir", default="", metavar="DIR",
+                        help="Play the agent in this export folder (python -m fastrl.export) instead of an experiment.")
     parser.add_argument("--experiment", default="", help="Experiment name (defaults to the env name, as in training).")
     parser.add_argument("--train_dir", default="train_dir", help="Root folder of experiments.")
     parser.add_argument("--episodes", type=int, default=3, help="Episodes to play.")
@@ -54,52 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deterministic", action="store_true", help="Take the most likely action instead of sampling.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the first episode; episode i uses seed + i.")
     return parser
-
-
-def load_experiment_config(experiment_dir: str) -> Config:
-    """The Config an experiment was trained with, from its config.json."""
-    path = os.path.join(experiment_dir, "config.json")
-    if not os.path.isfile(path):
-        raise EnjoyError(f"No experiment at {experiment_dir} (it has no config.json); "
-                         "check --experiment and --train_dir, or train it first with python -m fastrl.train.")
-    try:
-        with open(path) as fh:
-            saved = json.load(fh)
-    except (OSError, ValueError) as err:  # ValueError: not JSON, or not even text
-        raise EnjoyError(f"{path} cannot be read as the JSON fastrl writes ({err}); "
-                         "restore it, or train the experiment again.") from None
-    if not isinstance(saved, dict):
-        raise EnjoyError(f"{path} holds a JSON {type(saved).__name__}, not the options fastrl writes; "
-                         "restore it, or train the experiment again.")
-    return config_from_saved(saved)
-
-
-def select_checkpoint(cfg: Config, which: str, policy: int = 0) -> tuple:
-    """(state, path) of policy `policy`'s checkpoint: latest, best or a path."""
-    if not 0 <= policy < cfg.num_policies:
-        raise EnjoyError(f"--policy {policy} does not exist: experiment {cfg.experiment_dir} trained "
-                         f"{cfg.num_policies} polic{'y' if cfg.num_policies == 1 else 'ies'}; pass 0 to "
-                         f"{cfg.num_policies - 1}.")
-    ckpt_dir = checkpoint_dir(cfg, policy)
-    if which == "latest":
-        try:
-            state, path = load_latest_checkpoint(ckpt_dir)
-        except RefusedCheckpointError as err:
-            raise EnjoyError(f"{err}; fastrl writes no such file, so delete it or pass --checkpoint PATH.") from None
-        except CheckpointError as err:  # every checkpoint is damaged
-            raise EnjoyError(f"{err}; pass --checkpoint best or the path of a good checkpoint.") from None
-        if state is None:
-            raise EnjoyError(f"Experiment {cfg.experiment_dir} has no usable checkpoint in {ckpt_dir}; "
-                             "train it longer (one is written at exit) or pass --checkpoint PATH.")
-        return state, path
-    path = os.path.join(ckpt_dir, BEST_NAME) if which == "best" else which
-    if which == "best" and not os.path.isfile(path):
-        raise EnjoyError(f"Experiment {cfg.experiment_dir} has no best checkpoint ({path}); it is written by "
-                         "evaluation during training (--eval_every_frames), or use --checkpoint latest.")
-    try:
-        return load_checkpoint(path), path
-    except CheckpointError as err:
-        raise EnjoyError(f"{err}; pass --checkpoint latest, best or the path of another checkpoint.") from None
 
 
 class VideoSink:
@@ -162,6 +114,8 @@ def play_episode(env, model, seed: int, deterministic: bool, video: Optional[Vid
 
 def check_arguments(args) -> None:
     """What the arguments alone can refuse, before anything is loaded or played."""
+    if args.from_dir and (args.experiment or args.checkpoint != "latest" or args.policy):
+        raise EnjoyError("--from plays the export's own weights; drop --experiment, --checkpoint and --policy.")
     if args.episodes < 1:
         raise EnjoyError(f"--episodes is {args.episodes} but must be at least 1.")
     last_seed = 2**SEED_BITS - args.episodes  # episode i plays with seed --seed + i
@@ -176,38 +130,66 @@ def check_arguments(args) -> None:
             raise EnjoyError(f"--save_video {args.save_video} cannot be written ({reason}); choose another path.")
 
 
-def run(args) -> None:
-    from fastrl.envs.registry import UnknownEnvError, get_spec
+class Playable(NamedTuple):
+    """The weights to play and what the opening line says of them."""
 
-    check_arguments(args)
+    cfg: Config
+    weights: dict  # the model's state_dict
+    source: str  # the checkpoint's or the export's path
+    version: object  # the policy version (learner steps), "?" where unknown
+    env_frames: int
+
+
+def load_playable(args) -> Playable:
+    """The experiment's checkpoint, or with --from the export's weights."""
+    if args.from_dir:
+        if not is_export(args.from_dir):
+            raise EnjoyError(f"--from {args.from_dir} is not an export folder (it has no export.json); give a folder "
+                             "python -m fastrl.export wrote, or play an experiment with --env and --experiment.")
+        agent = read_export(args.from_dir)
+        info = agent.info
+        return Playable(agent.cfg, agent.weights, args.from_dir, info.get("policy_version") or "?",
+                        info.get("env_frames") or 0)
     experiment_dir = os.path.join(args.train_dir, args.experiment or args.env)
     cfg = load_experiment_config(experiment_dir)
     # The folder the user named, not the saved config's (it may have moved).
     cfg = dataclasses.replace(cfg, train_dir=args.train_dir, experiment=args.experiment or args.env)
     state, ckpt_path = select_checkpoint(cfg, args.checkpoint, args.policy)
+    if "model" not in state:
+        raise EnjoyError(f"The checkpoint {ckpt_path} holds no model weights; pass --checkpoint with another one.")
+    return Playable(cfg, state["model"], ckpt_path, state.get("version", "?"), state.get("env_frames", 0))
+
+
+def run(args) -> None:
+    from fastrl.envs.registry import UnknownEnvError, get_spec
+
+    check_arguments(args)
+    cfg, weights, source, version, frames = load_playable(args)
+    env_name = args.env or cfg.env
     try:
-        spec = get_spec(args.env)
+        spec = get_spec(env_name)
     except UnknownEnvError as err:
         raise EnjoyError(str(err)) from None
     # Episodes are full games: an Atari life lost ends only the learner's episode.
     try:
         env = spec.make(seed=args.seed, render_mode="rgb_array", **{**env_options(cfg), "atari_episodic_life": False})
     except Exception as err:  # noqa: BLE001 - the env's own failure, whatever it is (see env_failure)
-        raise EnjoyError(env_failure(args.env, err)) from None
+        raise EnjoyError(env_failure(env_name, err)) from None
     video = None
     try:
         # A saved "auto" is decided on this machine now, as a resumed run would.
         precision = resolve_precision(cfg, env.observation_space, env.action_space)
         model = build_model(cfg, env.observation_space, env.action_space, precision.acting)
         try:
-            model.load_state_dict(state["model"])
-        except (RuntimeError, KeyError) as err:
+            model.load_state_dict(weights)
+        except RuntimeError as err:
             first = str(err).strip().splitlines()[0]
-            raise EnjoyError(f"The checkpoint {ckpt_path} does not fit the model for {args.env} ({first}); "
+            kind = "export" if args.from_dir else "checkpoint"
+            raise EnjoyError(f"The {kind} {source} does not fit the model for {env_name} ({first}); "
                              "play it on the env it was trained on.") from None
         model.eval()
-        print(f"fastrl: playing {args.episodes} episode(s) of {args.env} with {ckpt_path}"
-              f" (policy version {state.get('version', '?')}, {state.get('env_frames', 0):,} env frames)", flush=True)
+        print(f"fastrl: playing {args.episodes} episode(s) of {env_name} with {source}"
+              f" (policy version {version}, {frames:,} env frames)", flush=True)
         if args.save_video:
             video = VideoSink(args.save_video, env.metadata.get("render_fps") or DEFAULT_VIDEO_FPS)
         returns = []
@@ -228,10 +210,12 @@ def run(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from_given = any(token == "--from" or token.startswith("--from=") for token in argv)
+    args = build_parser(env_required=not from_given).parse_args(argv)
     try:
         run(args)
-    except EnjoyError as err:
+    except (EnjoyError, AgentLoadError) as err:
         print(f"fastrl.enjoy: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,10 +1,16 @@
-"""`python -m fastrl.train --env ENV [options]`: train an agent with async APPO."""
+"""`python -m fastrl.train --env ENV [options]`: train an agent with async APPO.
+
+Imported, this module is also the Python API's `fastrl.train(cfg)`: calling it calls
+fastrl.api.train (docs/python-api.md).
+"""
 from __future__ import annotations
 
 import gc
 import sys
+import types
 
-from fastrl.config import ConfigError, check_env_and_options, parse_args
+from fastrl import api
+from fastrl.config import Config, ConfigError, check_env_and_options, parse_args
 from fastrl.plumbing.proc import start_process_server, stop_process_server
 from fastrl.plumbing.timeline import mark
 
@@ -48,5 +54,18 @@ def main(argv=None) -> int:
         return 130
 
 
+class _CallableModule(types.ModuleType):
+    """Importing fastrl.train sets the attribute `train` of the package to this module,
+    whatever fastrl/__init__.py put there; so the module itself is the function: fastrl.train(cfg)
+    calls fastrl.api.train both before and after anything imports fastrl.train."""
+
+    def __call__(self, cfg: Config, *, echo: bool = True) -> api.TrainSummary:
+        return api.train(cfg, echo=echo)
+
+    __call__.__doc__ = api.train.__doc__
+
+
 if __name__ == "__main__":
     sys.exit(main())
+else:
+    sys.modules[__name__].__class__ = _CallableModule
