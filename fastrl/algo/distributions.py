@@ -8,6 +8,11 @@ The categorical product skips torch.distributions, whose per-component construct
 and validation dominate at inference batch sizes: it takes one log_softmax per run
 of equal-sized components. Padding all components to the widest is slower at
 learner batch sizes.
+
+Discrete actions can be masked, gymnasium's way: an `action_mask` entry of the
+observation, 1 where an action is allowed, one row of every component's actions in
+order. A masked action gets probability exactly 0, and the entropy and the KL to
+uniform count the allowed actions only.
 """
 
 import math
@@ -20,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_SPACES = "Discrete, MultiDiscrete, Tuple of Discrete, Box"
+ACTION_MASK_KEY = "action_mask"  # the Dict observation entry that masks discrete actions
 
 # Keeps std away from 0 (log_prob blows up) and from huge values; bites only when
 # optimisation has gone wrong.
@@ -31,24 +37,34 @@ class CategoricalProduct:
     """Independent categoricals over the columns of an int64 action tensor; logits
     [B, sum(sizes)], with `runs` (count, size) of consecutive equal-sized components."""
 
-    def __init__(self, logits: torch.Tensor, runs: Sequence[Tuple[int, int]]):
+    def __init__(self, logits: torch.Tensor, runs: Sequence[Tuple[int, int]], mask: Optional[torch.Tensor] = None):
+        """mask: bool [B, sum(sizes)], True where an action is allowed; None allows all."""
         batch = logits.shape[0]
         widths = [count * size for count, size in runs]
+        if mask is not None:
+            # The most negative finite logit rather than -inf: the action's probability is
+            # exactly 0, yet p * log p and every gradient stay finite (0 * -inf is nan), and
+            # a row with nothing allowed is uniform instead of nan. where() passes no
+            # gradient to a masked logit.
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         self._log_probs: List[torch.Tensor] = [
             F.log_softmax(chunk.reshape(batch, count, size), dim=-1)
             for chunk, (count, size) in zip(logits.split(widths, dim=-1), runs)
         ]
+        self._allowed: Optional[List[torch.Tensor]] = None if mask is None else [
+            chunk.reshape(batch, count, size) for chunk, (count, size) in zip(mask.split(widths, dim=-1), runs)]
         self._counts = [count for count, _ in runs]
 
     def sample(self) -> torch.Tensor:
         """Random actions, int64 [B, num_components], by inverse CDF. torch.multinomial
-        checks its input on the host, which a CUDA graph cannot record; a zero-probability
-        action never gets picked, and the clamp covers a last sum rounded just under 1."""
+        checks its input on the host, which a CUDA graph cannot record. The draw u lies in
+        (0, total], never 0, so the first action whose cdf reaches it has probability > 0:
+        a masked action is never picked; the clamp covers a last sum rounded just under 1."""
         picks = []
         for log_p in self._log_probs:
             batch, count, size = log_p.shape
             cdf = log_p.float().exp().cumsum(dim=-1)
-            u_t = torch.rand(batch, count, 1, dtype=cdf.dtype, device=cdf.device) * cdf[..., -1:]
+            u_t = (1.0 - torch.rand(batch, count, 1, dtype=cdf.dtype, device=cdf.device)) * cdf[..., -1:]
             picks.append((cdf < u_t).sum(dim=-1).clamp_max(size - 1))
         return torch.cat(picks, dim=1)
 
@@ -76,11 +92,16 @@ class CategoricalProduct:
         on a vanishing action's logit stays at -1/n: it brings a collapsed policy back.
         Not capped: a cap would zero exactly that gradient, and the gradient per logit
         is bounded anyway.
+        With a mask the uniform policy is over the allowed actions.
         """
         total = 0.0
-        for log_p in self._log_probs:
-            size = log_p.shape[-1]
-            total = total + ((log_p.exp() * log_p).sum(-1) - log_p.sum(-1) / size).sum(-1)
+        for i, log_p in enumerate(self._log_probs):
+            if self._allowed is None:
+                mean_log_p = log_p.sum(-1) / log_p.shape[-1]
+            else:
+                allowed = self._allowed[i]
+                mean_log_p = (log_p * allowed).sum(-1) / allowed.sum(-1).clamp(min=1)
+            total = total + ((log_p.exp() * log_p).sum(-1) - mean_log_p).sum(-1)
         return total
 
 
@@ -149,9 +170,15 @@ class ActionSpec(ABC):
         )
 
     @abstractmethod
-    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
-        """The distribution for policy-head output [B, num_params]; log_std only for Box.
+    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None,
+                     mask: Optional[torch.Tensor] = None):
+        """The distribution for policy-head output [B, num_params]; log_std only for Box,
+        mask (bool [B, num_params], True = allowed) only for discrete actions.
         It has sample(), mode(), log_prob(actions) [B] and entropy() [B]."""
+
+    @abstractmethod
+    def check_mask_shape(self, shape: Tuple[int, ...]) -> None:
+        """Refuse, in a sentence, an action_mask observation of per-sample `shape` that does not fit."""
 
     @abstractmethod
     def to_env(self, action_row: np.ndarray):
@@ -187,11 +214,66 @@ class CategoricalSpec(ActionSpec):
             else:
                 self._runs.append((1, n))
 
-    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
+    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None,
+                     mask: Optional[torch.Tensor] = None):
         self._check_params(params)
         if log_std is not None:
             raise ValueError("Discrete action spaces have no log-std; pass log_std=None.")
-        return CategoricalProduct(params, self._runs)
+        if mask is not None and (mask.shape != params.shape or mask.dtype != torch.bool):
+            raise ValueError(f"distribution() expects a bool mask of the logits' shape {tuple(params.shape)}, "
+                             f"got {mask.dtype} {tuple(mask.shape)}.")
+        return CategoricalProduct(params, self._runs, mask)
+
+    def mask_shapes(self) -> List[Tuple[int, ...]]:
+        """The per-sample shapes an action_mask may have: every component's actions in
+        one row, or, where all components have n actions, one row of n per component."""
+        shapes = [(self.num_params,)]
+        if self.action_dim > 1 and len(set(self.sizes)) == 1:
+            components = tuple(self._env_shape) if self._env_shape is not None else (self.action_dim,)
+            shapes.append((*components, self.sizes[0]))
+        return list(dict.fromkeys(shapes))
+
+    def check_mask_shape(self, shape: Tuple[int, ...]) -> None:
+        accepted = self.mask_shapes()
+        if tuple(shape) not in accepted:
+            wanted = " or ".join(str(s) for s in accepted)
+            actions = (f"{self.sizes[0]} actions" if self.action_dim == 1
+                       else f"{self.action_dim} components of {self.sizes} actions, component after component")
+            raise ValueError(f"The observation's {ACTION_MASK_KEY!r} has shape {tuple(shape)}, but the action "
+                             f"space needs {wanted}: one 0/1 for each of its {actions}.")
+
+    def fully_masked(self, mask: torch.Tensor) -> Optional[Tuple[int, int]]:
+        """The first (row, component) of bool `mask` [B, num_params] that allows no
+        action, or None. One host sync: for CPU tensors (actors, the env side)."""
+        offset = 0
+        blocked = []
+        for count, size in self._runs:
+            chunk = mask[:, offset:offset + count * size].reshape(mask.shape[0], count, size)
+            blocked.append(~chunk.any(dim=-1))
+            offset += count * size
+        blocked = torch.cat(blocked, dim=1)
+        if not bool(blocked.any()):
+            return None
+        row, component = (int(i) for i in blocked.nonzero()[0])
+        return row, component
+
+    def nothing_allowed(self, whose: str, component: int) -> str:
+        """The sentence for a mask (`whose`, its subject) that allows no action of `component`."""
+        which = f" of action component {component}" if self.action_dim > 1 else ""
+        return (f"{whose} allows no action{which}; an env must leave at least one action allowed at every "
+                "step (end the episode instead).")
+
+    def random_allowed_action(self, mask: np.ndarray, rng: np.random.Generator):
+        """A uniformly random action for env.step among those an action_mask allows:
+        action_space.sample() with the mask applied."""
+        row, offset, flat = np.zeros(self.action_dim, dtype=np.int64), 0, np.asarray(mask).reshape(-1)
+        for i, n in enumerate(self.sizes):
+            allowed = np.flatnonzero(flat[offset:offset + n])
+            if not len(allowed):
+                raise ValueError(self.nothing_allowed(f"The env's {ACTION_MASK_KEY!r}", i))
+            row[i] = allowed[rng.integers(len(allowed))]
+            offset += n
+        return self.to_env(row)
 
     def to_env(self, action_row: np.ndarray):
         """int (Discrete), np.int64 array (MultiDiscrete) or tuple of ints (Tuple)."""
@@ -241,8 +323,11 @@ class GaussianSpec(ActionSpec):
                 t.to(dev) for t in (self._bounded, self._centre, self._half_width))
         return self._centre, self._half_width, self._bounded
 
-    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None):
+    def distribution(self, params: torch.Tensor, log_std: Optional[torch.Tensor] = None,
+                     mask: Optional[torch.Tensor] = None):
         self._check_params(params)
+        if mask is not None:
+            self.check_mask_shape(tuple(mask.shape[1:]))  # refuses: a Box has no actions to mask
         if log_std is None or log_std.shape != (self.action_dim,):
             raise ValueError(
                 f"Box action spaces need the model's log-std of shape ({self.action_dim},), "
@@ -250,7 +335,22 @@ class GaussianSpec(ActionSpec):
             )
         return DiagGaussian(self.mean(params), log_std)
 
+    def check_mask_shape(self, shape: Tuple[int, ...]) -> None:
+        raise ValueError(f"The observation's {ACTION_MASK_KEY!r} masks discrete actions, but the action space "
+                         f"is continuous (Box); drop the mask from the observation.")
+
     def to_env(self, action_row: np.ndarray) -> np.ndarray:
         """float32 array of the space's shape, clipped to its bounds."""
         clipped = np.clip(np.asarray(action_row, dtype=np.float32), self._low, self._high)
         return clipped.reshape(self._shape)
+
+
+def random_allowed_action(action_space: gym.Space, obs):
+    """action_space.sample(), kept to the actions allowed by the action mask of a Dict
+    observation `obs` where it carries one: start-up's and the env split's random steps
+    must not take actions a masked env forbids."""
+    if isinstance(obs, dict) and ACTION_MASK_KEY in obs:
+        spec = ActionSpec.from_space(action_space)
+        if isinstance(spec, CategoricalSpec):
+            return spec.random_allowed_action(obs[ACTION_MASK_KEY], action_space.np_random)
+    return action_space.sample()

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fastrl.algo.distributions import ActionSpec
+from fastrl.algo.distributions import ACTION_MASK_KEY, ActionSpec
 from fastrl.algo.gru_sequence import gru_sequence
 from fastrl.algo.model_registry import ModelError, model_builder
 
@@ -34,7 +34,18 @@ def _is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def _is_mask_space(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.MultiBinary) or (
+        isinstance(space, gym.spaces.Box) and (np.issubdtype(space.dtype, np.integer) or space.dtype == np.bool_))
+
+
 def _leaf_layout(key: str, space: gym.Space) -> Tuple[Tuple[int, ...], torch.dtype]:
+    if key == ACTION_MASK_KEY:
+        # Stored as bool: it never meets an encoder, only the action distribution.
+        if not _is_mask_space(space):
+            raise ValueError(f"Observation '{key}' has space {space}, but an action mask must be an integer or "
+                             f"bool Box of 0/1 (or MultiBinary), 1 where an action is allowed.")
+        return tuple(int(d) for d in space.shape), torch.bool
     if isinstance(space, gym.spaces.Discrete):
         return (), torch.int64
     if not isinstance(space, gym.spaces.Box):
@@ -56,12 +67,25 @@ def _leaf_layout(key: str, space: gym.Space) -> Tuple[Tuple[int, ...], torch.dty
 
 def obs_layout(obs_space: gym.Space) -> ObsLayout:
     """Per observation key, its per-sample (shape, storage dtype): rank-3 uint8 Boxes
-    are images kept uint8 [C, H, W], other Boxes float32, Discrete int64."""
+    are images kept uint8 [C, H, W], other Boxes float32, Discrete int64, a Dict's
+    action mask (ACTION_MASK_KEY) bool."""
     if isinstance(obs_space, gym.spaces.Dict):
         if not obs_space.spaces:
             raise ValueError("The observation Dict space is empty; give it at least one key.")
         return {key: _leaf_layout(key, sub) for key, sub in obs_space.spaces.items()}
     return {"obs": _leaf_layout("obs", obs_space)}
+
+
+def check_spaces(obs_space: gym.Space, action_space: gym.Space) -> None:
+    """ValueError, in one sentence, where no model fits these spaces: one unsupported, or
+    an action mask that does not fit the actions. Start-up asks before any process starts."""
+    layout = obs_layout(obs_space)
+    spec = ActionSpec.from_space(action_space)
+    if ACTION_MASK_KEY in layout:
+        spec.check_mask_shape(layout[ACTION_MASK_KEY][0])
+        if len(layout) == 1:
+            raise ValueError(f"The observation holds only {ACTION_MASK_KEY!r}; give the policy something to see "
+                             "beside it.")
 
 
 def obs_zeros(lead: Tuple[int, ...], shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -85,7 +109,8 @@ def obs_to_tensors(obs, obs_space: gym.Space) -> Dict[str, torch.Tensor]:
     """One env's raw observation as {key: tensor} in `obs_layout` dtypes. The tensors
     may share memory with `obs`: copy them before the env reuses its buffers."""
     if isinstance(obs_space, gym.spaces.Dict):
-        return {key: _leaf_to_tensor(obs[key], sub) for key, sub in obs_space.spaces.items()}
+        return {key: torch.from_numpy(np.asarray(obs[key]) != 0).view(sub.shape) if key == ACTION_MASK_KEY
+                else _leaf_to_tensor(obs[key], sub) for key, sub in obs_space.spaces.items()}
     return {"obs": _leaf_to_tensor(obs, obs_space)}
 
 
@@ -441,8 +466,11 @@ class ActorCritic(nn.Module):
             raise ValueError(f"rnn_size={rnn_size} must be >= 1 when use_rnn=True.")
         self.layout = obs_layout(obs_space)
         self.action_spec = ActionSpec.from_space(action_space)
-        self.obs_keys = list(self.layout)
+        # The action mask travels with the observation but is no input feature.
+        self.mask_key = ACTION_MASK_KEY if ACTION_MASK_KEY in self.layout else None
+        self.obs_keys = [key for key in self.layout if key != self.mask_key]
 
+        check_spaces(obs_space, action_space)
         self.encoders = self._build_encoders(obs_space, hidden_sizes, activation, normalize_obs)
         features = sum(e.out_dim for e in self.encoders)
         self.critic_encoders = (self._build_encoders(obs_space, hidden_sizes, activation, normalize_obs)
@@ -537,8 +565,27 @@ class ActorCritic(nn.Module):
     def _gru_input(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.core.weight_ih, self.core.bias_ih)
 
-    def _distribution(self, core_out: torch.Tensor):
-        return self.action_spec.distribution(self.policy_head(core_out), self.log_std)
+    def _distribution(self, core_out: torch.Tensor, obs: Dict[str, torch.Tensor]):
+        """The action distribution of core_out's N rows, masked by the first N rows of
+        obs's action mask where it has one."""
+        mask = None
+        if self.mask_key is not None:
+            rows = core_out.shape[0]
+            mask = obs[self.mask_key][:rows].reshape(rows, -1).bool()
+        return self.action_spec.distribution(self.policy_head(core_out), self.log_std, mask)
+
+    def _check_mask(self, obs: Dict[str, torch.Tensor]) -> None:
+        """Refuse a row whose mask allows nothing, where that costs no device sync and no
+        graph break: on the CPU, not while compiling. Rollout workers check every row
+        anyway (sampling/env_split.py); this covers enjoy and the evaluator."""
+        mask = obs[self.mask_key]
+        if mask.device.type != "cpu" or torch.compiler.is_compiling():
+            return
+        blocked = self.action_spec.fully_masked(mask.reshape(mask.shape[0], -1).bool())
+        if blocked is not None:
+            row, component = blocked
+            raise ValueError(self.action_spec.nothing_allowed(f"The {ACTION_MASK_KEY!r} of observation {row}",
+                                                              component))
 
     def refresh_acting_copies(self) -> None:
         """Refresh the bf16 acting copies in place. A CUDA graph replay runs no Python,
@@ -552,9 +599,11 @@ class ActorCritic(nn.Module):
         episodes. Call under torch.no_grad()."""
         self._check_inputs(obs, rnn_state)
         core_out, rnn_state = self._core_step(self._encode(obs), rnn_state)
-        dist = self._distribution(core_out)
+        dist = self._distribution(core_out, obs)
         actions = dist.mode() if deterministic else dist.sample()
         values = self._values(obs, core_out)
+        if self.mask_key is not None:
+            self._check_mask(obs)
         return ActOutput(actions, dist.log_prob(actions), values, rnn_state)
 
     def evaluate(
@@ -596,7 +645,7 @@ class ActorCritic(nn.Module):
 
         values = self._values(obs_flat, core_flat).view(steps, batch)
         # Time-major rows: the first T*B are the acting steps; the bootstrap needs a value only.
-        dist = self._distribution(core_flat[: horizon * batch])
+        dist = self._distribution(core_flat[: horizon * batch], obs_flat)
         flat_actions = actions.reshape(horizon * batch, -1)
         logp = dist.log_prob(flat_actions).view(horizon, batch)
         entropy = dist.entropy().view(horizon, batch)
@@ -613,7 +662,7 @@ class ActorCritic(nn.Module):
         if actions.shape != (n, self.action_spec.action_dim):
             raise ValueError(f"actions must be [N, {self.action_spec.action_dim}], got {tuple(actions.shape)}.")
         x = self._encode(obs)
-        dist = self._distribution(x)
+        dist = self._distribution(x, obs)
         kl = dist.symmetric_kl_to_uniform() if uniform_kl else None
         return dist.log_prob(actions), dist.entropy(), self._values(obs, x), kl
 

@@ -22,10 +22,11 @@ import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to s
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
-from fastrl.algo.distributions import ActionSpec
+from fastrl.algo.distributions import ActionSpec, random_allowed_action
 from fastrl.algo.model import (
     Precision,
     build_model,
+    check_spaces,
     flat_state,
     flat_state_size,
     has_images,
@@ -269,7 +270,7 @@ def first_observations(env, steps: int) -> dict:
     seen = []
     for _ in range(steps):
         seen.append({k: v.clone() for k, v in obs_to_tensors(obs, env.observation_space).items()})
-        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        obs, _, terminated, truncated, _ = env.step(random_allowed_action(env.action_space, obs))
         if terminated or truncated:
             obs, _ = env.reset()
     return {k: torch.stack([o[k] for o in seen]) for k in seen[0]}
@@ -310,6 +311,10 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     try:
         obs_space, action_space = env.observation_space, env.action_space
         cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
+        try:
+            check_spaces(obs_space, action_space)
+        except ValueError as err:
+            raise ConfigError(f"{cfg.env}: {err}") from None
         # Before the plan, which profiles the model in it; once, for every process of the run.
         precision, one_thread = decide_precision(cfg, obs_space, action_space)
         mark("precision decided")

@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
+import torch
 
+from fastrl.algo.distributions import ACTION_MASK_KEY, random_allowed_action
 from fastrl.plumbing.seeding import episode_seed, steps_into_episode_seed
 
 
@@ -161,6 +163,21 @@ class SplitEnvs:
                 self._on_progress()
             self._write_obs(self._v["obs"], (buf, t, i), obs)
             self._v["episode_start"][buf, t, i] = True
+        self._check_masks(buf, t)
+
+    def _check_masks(self, buf: int, t: int) -> None:
+        """Refuse an action mask at [buf, t] that allows no action: every acting path
+        (local, compiled, policy workers on a GPU) reads the rows written here, and a
+        fully masked row would otherwise act silently."""
+        view = self._v["obs"].get(ACTION_MASK_KEY)
+        if view is None:
+            return
+        blocked = self._action_spec.fully_masked(torch.from_numpy(view[buf, t]).reshape(self.n, -1))
+        if blocked is not None:
+            env, component = blocked
+            raise ValueError(self._action_spec.nothing_allowed(
+                f"Env {env} of this worker ({self._spec.name}) returned an observation whose {ACTION_MASK_KEY!r}",
+                component))
 
     def _step_into_episode(self, i: int, obs):
         """Random unrecorded steps, fewer than the time limit, so that fixed-length
@@ -174,7 +191,7 @@ class SplitEnvs:
         steps = int(rng.integers(0, min(limit, MAX_STEPS_INTO_EPISODE)))
         try:
             for _ in range(steps):
-                obs, _, term, trunc, _ = env.step(env.action_space.sample())
+                obs, _, term, trunc, _ = env.step(random_allowed_action(env.action_space, obs))
                 if term or trunc:
                     return self._reset_env(i)  # ended on its own: a whole episode starts here
         except Exception:
@@ -283,6 +300,7 @@ class SplitEnvs:
         v["terminated"][buf, t] = terminated
         v["truncated"][buf, t] = truncated
         v["episode_start"][buf, t + 1] = starts
+        self._check_masks(buf, t + 1)
 
     def drain_finished(self) -> list:
         done, self.finished = self.finished, []

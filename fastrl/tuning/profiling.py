@@ -21,6 +21,7 @@ import torch
 
 import fastrl
 from fastrl import envs
+from fastrl.algo.distributions import random_allowed_action
 from fastrl.algo.model import Precision, build_model, obs_zeros, resolve_device
 from fastrl.config import env_options
 from fastrl.envs.registry import get_spec
@@ -95,8 +96,9 @@ def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, 
         else:
             for seed in seeds:
                 envs.append(spec.make(seed=seed, **env_options(cfg)))
+        last_obs = []  # each env's, for the actions its action mask allows
         for env, seed in zip(envs, seeds):
-            env.reset(seed=seed)
+            last_obs.append(env.reset(seed=seed)[0])
             env.action_space.seed(seed)
         ready.put(index)
         go.wait()
@@ -105,13 +107,14 @@ def _step_envs_child(index: int, cfg, warmup: float, seconds: float, ready, go, 
             if agents > 1:
                 for env in envs:
                     env.step_send(env.action_space.sample())
-            for env in envs:
+            for i, env in enumerate(envs):
                 if agents > 1:
                     _, _, terminated, truncated, _ = env.step_receive()
                 else:
-                    _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                    last_obs[i], _, terminated, truncated, _ = env.step(
+                        random_allowed_action(env.action_space, last_obs[i]))
                 if terminated or truncated:
-                    env.reset()
+                    last_obs[i] = env.reset()[0]
 
         end = time.perf_counter() + warmup
         while time.perf_counter() < end:
@@ -482,12 +485,12 @@ def time_env_steps(env, seconds: float, chunks: int = ENV_CHUNKS, clock=time.per
     slice_s = seconds / (chunks + 1)
     per_step, steps, start = [], 0, clock()  # per_step[0] is the settling slice
     try:
-        env.reset()
+        obs, _ = env.reset()
         while len(per_step) <= chunks:
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            obs, _, terminated, truncated, _ = env.step(random_allowed_action(env.action_space, obs))
             steps += 1
             if terminated or truncated:
-                env.reset()
+                obs, _ = env.reset()
             elapsed = clock() - start
             if elapsed >= slice_s and steps >= MIN_STEPS_PER_CHUNK:
                 per_step.append(elapsed / steps)
