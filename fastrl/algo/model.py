@@ -464,13 +464,13 @@ class ActorCritic(nn.Module):
             raise ValueError(f"hidden_sizes={tuple(hidden_sizes)} must all be positive integers.")
         if use_rnn and rnn_size < 1:
             raise ValueError(f"rnn_size={rnn_size} must be >= 1 when use_rnn=True.")
+        check_spaces(obs_space, action_space)
         self.layout = obs_layout(obs_space)
         self.action_spec = ActionSpec.from_space(action_space)
         # The action mask travels with the observation but is no input feature.
         self.mask_key = ACTION_MASK_KEY if ACTION_MASK_KEY in self.layout else None
         self.obs_keys = [key for key in self.layout if key != self.mask_key]
 
-        check_spaces(obs_space, action_space)
         self.encoders = self._build_encoders(obs_space, hidden_sizes, activation, normalize_obs)
         features = sum(e.out_dim for e in self.encoders)
         self.critic_encoders = (self._build_encoders(obs_space, hidden_sizes, activation, normalize_obs)
@@ -598,12 +598,12 @@ class ActorCritic(nn.Module):
         """One inference step for B envs; the caller zeroes the rnn_state rows of new
         episodes. Call under torch.no_grad()."""
         self._check_inputs(obs, rnn_state)
+        if self.mask_key is not None:
+            self._check_mask(obs)
         core_out, rnn_state = self._core_step(self._encode(obs), rnn_state)
         dist = self._distribution(core_out, obs)
         actions = dist.mode() if deterministic else dist.sample()
         values = self._values(obs, core_out)
-        if self.mask_key is not None:
-            self._check_mask(obs)
         return ActOutput(actions, dist.log_prob(actions), values, rnn_state)
 
     def evaluate(

@@ -310,11 +310,11 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     env = _spec_env(cfg, spec)
     try:
         obs_space, action_space = env.observation_space, env.action_space
-        cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
         try:
             check_spaces(obs_space, action_space)
         except ValueError as err:
             raise ConfigError(f"{cfg.env}: {err}") from None
+        cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
         # Before the plan, which profiles the model in it; once, for every process of the run.
         precision, one_thread = decide_precision(cfg, obs_space, action_space)
         mark("precision decided")
