@@ -361,6 +361,10 @@ class Config:
                                 "of stopping, at most this many times; 0 = stop.",
                              why="Frames and counters go on from the checkpoint's. Training since it is lost, so a "
                                  "shorter --checkpoint_every_seconds loses less.")
+    max_bad_batches: int = _opt(20, "Batches holding NaN or inf observations or rewards are dropped; this many in a row "
+                                    "are tolerated, one more stops the run naming the env.",
+                                why="Dropped before the learner or its normaliser sees them, and counted on the status "
+                                    "line and in TensorBoard (data/bad_batches_dropped).")
 
     @property
     def experiment_dir(self) -> str:
@@ -456,7 +460,7 @@ def validate(cfg: Config, writes: bool = True) -> None:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must be positive.")
     for name in ("train_for_env_frames", "train_for_seconds", "num_buffers", "max_grad_norm", "reward_clip", "entropy_coef", "learner_threads", "value_clip",
                  "target_kl",
-                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts",
+                 "inference_batch_wait_ms", "max_policy_lag", "eval_every_frames", "max_worker_restarts", "max_restarts", "max_bad_batches",
                  "doom_engine_recycle_episodes", "doom_agents"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} is {getattr(cfg, name)} but must not be negative.")
@@ -540,6 +544,9 @@ def validate(cfg: Config, writes: bool = True) -> None:
         raise ConfigError(f"--plan {cfg.plan} is neither auto, fresh, off nor a plan.json file; check the path.")
     if cfg.doom_scenario and not os.path.isfile(cfg.doom_scenario):
         raise ConfigError(f"--doom_scenario {cfg.doom_scenario} is not a file; give the path to a ViZDoom .cfg.")
+    if os.path.isabs(cfg.experiment) or os.path.normpath(cfg.experiment).split(os.sep)[0] == os.pardir:
+        raise ConfigError(f"--experiment {cfg.experiment} leads out of --train_dir {cfg.train_dir}, where a --restart "
+                          "would delete another folder's checkpoints; give a name inside it, or set --train_dir.")
     reason = cannot_write(cfg.experiment_dir, folder=True) if writes else None
     if reason:
         raise ConfigError(f"The experiment folder {cfg.experiment_dir} cannot be written ({reason}); "

@@ -156,8 +156,12 @@ class RunningNorm(nn.Module):
 
     @torch.no_grad()
     def merge(self, moments: torch.Tensor) -> None:
-        """Merge `moments` (one rank's, or all ranks' summed) before the mean moves."""
+        """Merge `moments` (one rank's, or all ranks' summed) before the mean moves. Non-finite
+        moments (a NaN or inf observation) are left out: merged, they would poison the
+        statistics for good, and every checkpoint after."""
         moments = moments.double()
+        if not bool(torch.isfinite(moments).all()):
+            return
         shift = self.mean.double()
         n = float(moments[0])
         if n == 0:

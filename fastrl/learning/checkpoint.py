@@ -6,9 +6,13 @@ SHA-256) catches later damage: a damaged file is skipped for an older one
 (CheckpointError). Checkpoints hold only tensors and plain data and load with
 weights_only=True, so a file someone hands you cannot run code; an intact file the
 unpickler refuses was written that way on purpose and is refused outright
-(RefusedCheckpointError), never skipped. One writer per directory (the learner).
+(RefusedCheckpointError), never skipped. Two processes write into a checkpoint folder,
+the learner (checkpoint_<step>.pt) and the evaluator (best.pt); each temp file carries
+its writer's pid, and only a dead writer's are cleaned up, so neither removes the
+other's half-written file.
 """
 
+import contextlib
 import copy
 import hashlib
 import io
@@ -28,6 +32,9 @@ _HEADER = struct.Struct("<8sQ32s")
 _NAME_RE = re.compile(r"^checkpoint_(\d{12})\.pt$")
 _TMP_PREFIX = ".tmp_"
 _TMP_SUFFIX = ".partial"
+# .tmp_<writer's pid>-<random>.partial; older fastrl wrote .tmp_<random>.partial, without a pid
+# (mkstemp's random part holds no "-").
+_TMP_RE = re.compile(r"^\.tmp_(?:(\d+)-)?[^-]*\.partial$")
 BEST_NAME = "best.pt"
 _CHUNK = 1 << 20
 # What torch.load(weights_only=True) rebuilds, so what _plain accepts.
@@ -100,20 +107,44 @@ def _plain(value, where: str):
     return type(value)(converted)
 
 
+class NonFiniteStateError(ValueError):
+    """A state holding a NaN or inf, which is never saved as good: every resume and
+    restart would inherit it."""
+
+
+def _nonfinite_entry(value, where: str) -> Optional[str]:
+    """Where in `value` (plain data) a floating tensor holds a NaN or inf, or None."""
+    if isinstance(value, torch.Tensor):
+        finite = not (value.is_floating_point() or value.is_complex()) or bool(torch.isfinite(value).all())
+        return None if finite else where
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    return next((found for k, v in items if (found := _nonfinite_entry(v, f"{where}[{k!r}]"))), None)
+
+
 def _check_state(state) -> dict:
-    """The state to save, as plain data (see _plain)."""
+    """The state to save, as plain data (see _plain), every tensor of it finite,
+    buffers such as the normalisers' statistics included."""
     if not isinstance(state, dict):
         raise TypeError(
             f"A checkpoint state must be a dict (of tensors, dicts and numbers), got "
             f"{type(state).__name__}; wrap it, e.g. {{'model': model.state_dict()}}."
         )
-    return _plain(state, "state")
+    state = _plain(state, "state")
+    bad = _nonfinite_entry(state, "state")
+    if bad:
+        raise NonFiniteStateError(f"{bad} holds a NaN or inf, so it is not saved as a good checkpoint.")
+    return state
 
 
 def _atomic_write(path: str, state: dict) -> None:
     """torch.save `state` to `path` with the checksum header, atomically."""
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_TMP_PREFIX}{os.getpid()}-", suffix=_TMP_SUFFIX)
     try:
         with os.fdopen(fd, "w+b") as f:
             # torch.save streams into the file, so the state is not held twice in RAM;
@@ -198,10 +229,28 @@ def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> st
             continue
         os.unlink(other)
         _verified.pop(other, None)
-    for name in os.listdir(ckpt_dir):
-        if name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX):
-            os.unlink(os.path.join(ckpt_dir, name))
+    _remove_dead_writers_temp_files(ckpt_dir)
     return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _remove_dead_writers_temp_files(ckpt_dir: str) -> None:
+    """Delete the temp files whose writer is gone (killed mid-save): a live writer's,
+    such as the evaluator's best.pt on its way, is left to it."""
+    for name in os.listdir(ckpt_dir):
+        match = _TMP_RE.match(name)
+        if match and not (match.group(1) and _alive(int(match.group(1)))):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(ckpt_dir, name))
 
 
 def save_best(ckpt_dir: str, state: dict, score: float) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import queue
+import sys
 import time
 from typing import NamedTuple, Optional
 
@@ -33,7 +34,7 @@ from fastrl.algo.vtrace import VTraceReturns
 from fastrl.cuda.staging import BatchStager
 from fastrl.cuda.timing import DeviceClock
 from fastrl.learning.adam import FusedAdam
-from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from fastrl.learning.checkpoint import NonFiniteStateError, checkpoint_dir, load_checkpoint, save_checkpoint
 from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate, CompileMemory
 from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
@@ -56,6 +57,14 @@ MAX_NONFINITE_IN_A_ROW = 20
 
 class NonFiniteLossError(RuntimeError):
     pass
+
+
+class BadDataError(RuntimeError):
+    """The env kept sending NaN or inf, past --max_bad_batches batches in a row."""
+
+
+# The metrics message that counts the batches dropped for non-finite env data.
+BAD_BATCHES_KEY = "bad_batches"
 
 
 class LearnerStart(NamedTuple):
@@ -117,6 +126,7 @@ class Learner:
                 torch.set_rng_state(state["torch_rng"])
         self.row.set("learner_steps", self.version)
         self._nonfinite_in_a_row = 0
+        self._bad_batches = self._bad_in_a_row = 0
         self._last_metrics = 0.0
         self._metrics = {}
         self.peers = self._join(shared_options or {}) if rank.distributed else None
@@ -161,11 +171,17 @@ class Learner:
                 if self._stop_agreed(stopping):
                     break
                 with self.timer("comm_s"):
+                    host = ctx.buffers.gather(pending)
+                    bad = self._bad_data(host)
                     # On a GPU the upload runs on a side stream from here on.
-                    upload = self.stager.start(ctx.buffers.gather(pending))
-                    if not cfg.frees_after_training:
+                    upload = None if bad else self.stager.start(host)
+                    if bad or not cfg.frees_after_training:
                         put_many_polling(ctx.free_queue, pending, 10.0)
                         pending = []
+                if bad:
+                    self._drop_bad_batch(bad)
+                    continue
+                self._bad_in_a_row = 0
                 self.row.add("samples_received", cfg.batch_size)
                 if first:
                     mark("learner: first batch gathered")
@@ -192,8 +208,8 @@ class Learner:
         finally:
             if self.peers is not None:
                 self.peers.leave()
-            if self.rank.main and self._params_finite():
-                self.save()
+            if self.rank.main:
+                self._final_save()
 
     def _stop_agreed(self, stopping: bool) -> bool:
         """Whether to stop before the next batch; in a multi-rank run agreed with every
@@ -217,8 +233,36 @@ class Learner:
         """Env frames of the whole run so far: every rank's, from the start of training."""
         return int(run_count(self.ctx.board, self.ctx.totals, "env_frames")) + self.frames_offset
 
-    def _params_finite(self) -> bool:
-        return all(torch.isfinite(p).all() for p in self.model.parameters())
+    def _final_save(self) -> None:
+        """The checkpoint at exit, unless the state went non-finite: the newest good one then stays newest."""
+        try:
+            self.save()
+        except NonFiniteStateError as err:
+            print(f"fastrl: {learner_row(self.policy)}: the final checkpoint is not written: {err}", file=sys.stderr,
+                  flush=True)
+
+    def _bad_data(self, batch: dict) -> list:
+        """What of the env's data in `batch` is not finite (nonfinite_fields). A multi-rank run,
+        whose ranks must take every step together, leaves it to the agreed skip of a
+        non-finite step instead (_descend), the normalisers refusing such statistics."""
+        return nonfinite_fields(batch) if self.peers is None else []
+
+    def _drop_bad_batch(self, fields: list) -> None:
+        """Count a batch dropped for non-finite `fields`; BadDataError past --max_bad_batches in a row."""
+        self._bad_batches += 1
+        self._bad_in_a_row += 1
+        report = {BAD_BATCHES_KEY: self._bad_batches}
+        if self.policy != 0:
+            report["policy"] = self.policy
+        try:
+            put_many_polling(self.ctx.metrics_queue, [report], 1.0)
+        except queue.Full:
+            pass  # a report only; the next one carries the count
+        if self._bad_in_a_row > self.cfg.max_bad_batches:
+            raise BadDataError(
+                f"{self.cfg.env} sent non-finite {' and '.join(fields)} (NaN or inf) in {self._bad_in_a_row} batches "
+                f"in a row, past --max_bad_batches {self.cfg.max_bad_batches}; fix the env, or wrap it to clean its "
+                "output.")
 
     def train_on(self, batch: dict) -> None:
         cfg = self.cfg
@@ -373,6 +417,17 @@ class Learner:
             "torch_rng": torch.get_rng_state(),
         }
         return save_checkpoint(checkpoint_dir(self.cfg, self.policy), state, self.version, self.cfg.keep_checkpoints)
+
+
+def nonfinite_fields(batch: dict) -> list:
+    """What of an env's data in a gathered batch holds a NaN or inf: "rewards", "observations"
+    (a key's name follows where the env has several); the final observations of cut episodes
+    count as observations. Integer observations (image frames) cannot, and are not read."""
+    found = [] if bool(torch.isfinite(batch["rewards"]).all()) else ["rewards"]
+    for key, obs in batch["obs"].items():
+        if obs.is_floating_point() and not all(bool(torch.isfinite(t).all()) for t in (obs, batch["final_obs"][key])):
+            found.append("observations" if key == "obs" else f"observations {key!r}")
+    return found
 
 
 def lag_mask(learner_version: int, policy_version_t: torch.Tensor, max_policy_lag: int):

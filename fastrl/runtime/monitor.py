@@ -35,6 +35,7 @@ _LOSS_NAMES = {
     "grad_norm": "loss/grad_norm",
     "lr": "loss/lr",
     "learner_steps": "train/learner_steps",
+    "bad_batches": "data/bad_batches_dropped",  # batches of NaN or inf env data the learner dropped
 }
 # Board row-name prefixes -> the component name used in perf/ scalars.
 _COMPONENTS = {"learner": "learner", "policy_": "policy_worker", "rollout_": "rollout_worker"}

@@ -58,7 +58,7 @@ from fastrl.learning.checkpoint import (
 from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_STARTED_LINES, describe_compile
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
-from fastrl.learning.learner import ALLOCATOR_KEY, WEIGHTS_KEY, LearnerStart, learner_main
+from fastrl.learning.learner import ALLOCATOR_KEY, BAD_BATCHES_KEY, WEIGHTS_KEY, LearnerStart, learner_main
 from fastrl.plumbing import machine_load
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
@@ -79,6 +79,7 @@ from fastrl.plumbing.seeding import process_seed
 from fastrl.plumbing.stats_board import StatsBoard, learner_row, per_second
 from fastrl.plumbing.timeline import mark
 from fastrl.presets import preset_for, preset_for_spaces
+from fastrl.runtime.experiment_lock import experiment_locked
 from fastrl.runtime.monitor import Monitor, NullMonitor, scalars_from
 from fastrl.runtime.population import PopulationDriver
 from fastrl.runtime.sink import sink_main
@@ -734,12 +735,14 @@ class Runner:
                 break
             for batch in batches:
                 for ret, _length, objective, policy in batch:
+                    self.episodes += 1
+                    if not math.isfinite(ret):  # a NaN reward's episode: counted, but no mean can take it
+                        continue
                     self.returns100.append(ret)
                     self.policy_returns100[policy].append(ret)
-                    if not math.isnan(objective):
+                    if math.isfinite(objective):
                         self.objectives100.append(objective)
                         self.policy_objectives100[policy].append(objective)
-                    self.episodes += 1
         self.ctx.board.row("runner").set("episodes", self.episodes)
         if self.reached_reward_at is None and self.cfg.stop_at_reward is not None:
             # With several policies, the best one's: their episodes mixed would judge none of them.
@@ -872,6 +875,8 @@ class Runner:
             line += f" | objective(100) {sum(self.objectives100) / len(self.objectives100):.2f}"
         if self.cfg.num_policies > 1:
             line += " | by policy " + " / ".join(_mean_text(q) for q in self.policy_objective_or_return())
+        if self.metrics.get(BAD_BATCHES_KEY):
+            line += f" | bad batches dropped {self.metrics[BAD_BATCHES_KEY]:,}"
         return line + self._progress(elapsed, fps)
 
     def policy_objective_or_return(self) -> list:
@@ -1117,6 +1122,7 @@ class Runner:
             "measured_trained_frames_per_s": self.measured_trained_steps_per_s() * self.spec.frameskip,
             "steady_trained_frames_per_s": self.steady_trained_steps_per_s() * self.spec.frameskip,
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
+            "bad_batches_dropped": self.metrics.get(BAD_BATCHES_KEY, 0),
             "kl_stops": self.ctx.board.get("learner", "kl_stops"),
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
             "learner_restarts": self.earlier.learner_restarts,
@@ -1137,7 +1143,9 @@ class Runner:
                 "learner_sync_seconds": self.ctx.board.get("learner", "sync_s"),
                 WEIGHTS_KEY: self.metrics.get(WEIGHTS_KEY),
             }
-        write_json(os.path.join(self.cfg.experiment_dir, "summary.json"), summary, indent=2)
+        # Strict JSON: a NaN or inf (say a rate over no time) is written as null.
+        write_json(os.path.join(self.cfg.experiment_dir, "summary.json"), _finite_or_null(summary), indent=2,
+                   allow_nan=False)
 
     def carry(self) -> Earlier:
         """What this run counted, for the Runner that restarts it after its learner died."""
@@ -1153,6 +1161,17 @@ def _mean(values) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def _finite_or_null(value):
+    """`value` (JSON data) with every NaN and inf float in it replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
 def _mean_text(values) -> str:
     return f"{sum(values) / len(values):.2f}" if values else "-"
 
@@ -1161,9 +1180,16 @@ def train(cfg: Config, explicit: set, rank: Rank = SOLO) -> int:
     """Train as `python -m fastrl.train` does and return its exit code. With --max_restarts, a run
     whose learner died starts again, every process anew, from the newest good checkpoint: the workers'
     buffers and the published weights are newer than the restored learner, so only a whole restart is
-    consistent. Under torchrun, where ranks step in lockstep, torchrun's own --max_restarts does it."""
-    if rank.distributed:
-        return Runner(cfg, explicit=explicit, rank=rank).run()
+    consistent. Under torchrun, where ranks step in lockstep, torchrun's own --max_restarts does it.
+    The experiment's lock (runtime/experiment_lock.py) is held throughout, restarts included."""
+    with experiment_locked(cfg.experiment_dir, hold=rank.main):
+        if rank.distributed:
+            return Runner(cfg, explicit=explicit, rank=rank).run()
+        return _train_restarting(cfg, explicit)
+
+
+def _train_restarting(cfg: Config, explicit: set) -> int:
+    """train() on one machine: a new Runner each time --max_restarts restarts the run."""
     earlier = Earlier()
     while True:
         runner = _restarted_runner(cfg, explicit, earlier)

@@ -20,6 +20,30 @@ class EnvFailedError(RuntimeError):
     """An env kept raising; the message names it and carries its traceback."""
 
 
+class ObservationMismatchError(ValueError):
+    """An env's observation that does not fit its observation_space's buffers."""
+
+
+def check_observation(obs, views: dict, where: str) -> None:
+    """Refuse an observation whose shape or dtype does not fit the buffers `views`
+    ({key: [buffers, T+1, envs, *shape]}), as written by SplitEnvs._write_obs: numpy would
+    broadcast a wrong shape into them or cast a float to integers without a word."""
+    parts = {"obs": obs} if len(views) == 1 and "obs" in views else obs
+    for key, view in views.items():
+        named = "" if len(views) == 1 else f"[{key!r}]"
+        if not isinstance(parts, dict) or key not in parts:
+            raise ObservationMismatchError(f"{where} returned an observation without the key {key!r} its "
+                                           "observation_space promises; make its observations match its space.")
+        value = np.asarray(parts[key])
+        expected = view.shape[3:]
+        # Numbers into float storage, integers and bools into integer or bool storage (a mask's int8 1s).
+        fits = value.dtype.kind in "biu" or (value.dtype.kind == "f" and view.dtype.kind == "f")
+        if value.shape != expected or not fits:
+            raise ObservationMismatchError(
+                f"{where} returned an observation{named} of shape {value.shape} and dtype {value.dtype}, where its "
+                f"observation_space promises shape {expected} and dtype {view.dtype}; make them match.")
+
+
 def make_match_agents(spec, env_options: dict, seeds: list, agents: int, splits: int,
                       on_env_made=lambda: None, threads: int = 1) -> list:
     """The envs of a worker whose games each hold `agents` learning agents, in
@@ -135,6 +159,7 @@ class SplitEnvs:
         self._on_progress = on_progress
         self._cut_in = [False] * self.n  # the episode began before recording did: not counted when it ends
         self._two_halves = bool(self.envs) and hasattr(self.envs[0], "step_send")
+        self._first_step = True  # its observations are checked against the buffers (check_observation)
 
     def _make(self, i: int):
         return self._spec.make(seed=self._seeds[i], **self._options)
@@ -161,6 +186,7 @@ class SplitEnvs:
             if self._decorrelate and not self._two_halves:
                 obs = self._step_into_episode(i, obs)
                 self._on_progress()
+            check_observation(obs, self._v["obs"], f"Env {i} of this worker ({self._spec.name}) on reset")
             self._write_obs(self._v["obs"], (buf, t, i), obs)
             self._v["episode_start"][buf, t, i] = True
         self._check_masks(buf, t)
@@ -295,11 +321,14 @@ class SplitEnvs:
                 starts[i] = True
             else:
                 self._last_obs[i] = obs
+            if self._first_step:
+                check_observation(obs, v["obs"], f"Env {i} of this worker ({self._spec.name}) at its first step")
             self._write_obs(v["obs"], (buf, t + 1, i), obs)
         v["rewards"][buf, t] = rewards
         v["terminated"][buf, t] = terminated
         v["truncated"][buf, t] = truncated
         v["episode_start"][buf, t + 1] = starts
+        self._first_step = False
         self._check_masks(buf, t + 1)
 
     def drain_finished(self) -> list:

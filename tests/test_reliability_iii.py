@@ -1,0 +1,189 @@
+"""Reliability III (#63), tested for real: two runs on one experiment, the evaluator's
+best.pt saved while the learner rotates, an experiment that leaves --train_dir, envs
+that send NaN or observations of the wrong shape, and a learner that stops responding."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from helpers import REPO, TEST_ENVS_ON_PATH
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_reliability import (
+    CARTPOLE,
+    SMALL,
+    _no_run_outlives_its_test,  # noqa: F401  (kills what a failed test left running)
+    assert_nothing_left,
+    checkpoints,
+    finish,
+    start,
+    wait_for_frames,
+)
+
+from fastrl.algo.model import RunningNorm
+from fastrl.learning.checkpoint import NonFiniteStateError, load_checkpoint, load_latest_checkpoint, save_checkpoint
+
+
+def train(args: list, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m fastrl.train ARGS` to its end, output and errors together."""
+    return subprocess.run([sys.executable, "-m", "fastrl.train", *args], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+# -- one writer per experiment -------------------------------------------------------------------
+
+def test_a_second_run_on_an_experiment_is_refused_naming_the_first(tmp_path):
+    first = start([*CARTPOLE, "--train_dir", str(tmp_path), "--train_for_env_frames", "100000000",
+                   "--checkpoint_every_seconds", "0.5"])
+    ckpt_dir = tmp_path / "CartPole-v1" / "checkpoints"
+    wait_for_frames(first, 1, timeout=60)
+    while not (ckpt_dir.is_dir() and checkpoints(ckpt_dir)):
+        assert first.proc.poll() is None, first.output()
+        first._take_lines(0.2)
+
+    # --restart included: it would have deleted the checkpoints the first run is writing.
+    second = train([*CARTPOLE, "--train_dir", str(tmp_path), "--restart", "--train_for_env_frames", "2000"])
+    assert second.returncode == 2, second.stdout
+    assert (f"fastrl: error: The experiment {tmp_path / 'CartPole-v1'} is in use by another run "
+            f"(pid {first.proc.pid}); wait for it to end or stop it, or choose another --experiment.") in second.stdout
+    assert "Traceback" not in second.stdout
+    assert first.proc.poll() is None and checkpoints(ckpt_dir), first.output()
+
+    # The kernel lets go of the lock of a run killed outright: the next run may start.
+    os.kill(first.proc.pid, signal.SIGKILL)
+    assert first.wait(timeout=30) == -signal.SIGKILL
+    assert_nothing_left(first, grace=30)
+    third = train([*CARTPOLE, "--train_dir", str(tmp_path), "--train_for_env_frames", "2000"])
+    assert third.returncode == 0, third.stdout
+    assert not (tmp_path / "CartPole-v1" / "run.lock").exists()
+
+
+def test_an_experiment_outside_train_dir_is_refused(tmp_path):
+    for experiment in ("../elsewhere", str(tmp_path / "elsewhere"), "a/../../elsewhere"):
+        run = train([*CARTPOLE, "--train_dir", str(tmp_path / "runs"), "--experiment", experiment], timeout=60)
+        assert run.returncode == 2, run.stdout
+        assert (f"fastrl: error: --experiment {experiment} leads out of --train_dir {tmp_path / 'runs'}, where a "
+                "--restart would delete another folder's checkpoints; give a name inside it, or set --train_dir."
+                in run.stdout)
+        assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
+# The evaluator's save of best.pt, stopped once its temp file is written and before its rename,
+# until the file named by argv[2] exists.
+PAUSED_BEST_SAVE = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    from fastrl.learning.checkpoint import save_best
+
+    real_save = torch.save
+
+    def save_then_wait(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        open(sys.argv[2] + ".written", "w").close()
+        while not os.path.exists(sys.argv[2]):
+            time.sleep(0.01)
+
+    torch.save = save_then_wait
+    save_best(sys.argv[1], {"model": {"w": torch.ones(3)}}, 7.5)
+""")
+
+
+def test_the_evaluator_saving_best_while_the_learner_rotates(tmp_path):
+    ckpt_dir = tmp_path / "checkpoints"
+    ckpt_dir.mkdir()
+    # What writers killed mid-save left: one of a pid that is gone, one of an older fastrl without a pid.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (ckpt_dir / f".tmp_{gone}-abc.partial").write_bytes(b"x")
+    (ckpt_dir / ".tmp_k3j2h1gf.partial").write_bytes(b"x")
+    go = tmp_path / "go"
+    evaluator = subprocess.Popen([sys.executable, "-c", PAUSED_BEST_SAVE, str(ckpt_dir), str(go)], cwd=REPO)
+    try:
+        while not (tmp_path / "go.written").exists():
+            assert evaluator.poll() is None, "the evaluator's save ended before its pause"
+            time.sleep(0.05)
+        # The learner saves and rotates while the evaluator's best.pt is half-way.
+        for step in (1, 2, 3):
+            save_checkpoint(str(ckpt_dir), {"model": {"w": torch.full((3,), float(step))}}, step, keep=1)
+        left = sorted(os.listdir(ckpt_dir))
+        assert left[0].startswith(f".tmp_{evaluator.pid}-") and left[1:] == ["checkpoint_000000000003.pt"], left
+    finally:
+        go.touch()
+    assert evaluator.wait(timeout=60) == 0
+    assert sorted(os.listdir(ckpt_dir)) == ["best.pt", "checkpoint_000000000003.pt"]
+    assert load_checkpoint(str(ckpt_dir / "best.pt"))["best_score"] == 7.5
+
+
+# -- bad data is not kept as good -----------------------------------------------------------------
+
+def strict_json(path) -> dict:
+    """The file parsed as strict JSON, which has no NaN or Infinity."""
+    def refuse(name):
+        raise ValueError(f"{path} holds a bare {name}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_nan_observation_and_reward_drop_their_batch_and_never_reach_the_statistics(tmp_path):
+    # Every env sends one NaN observation and reward at its 100th step: that batch is dropped and
+    # counted, the normaliser stays finite, and the NaN episodes leave the mean return alone.
+    run = start(["--env", "bad_data_env:NanBurst-v0", *SMALL, "--normalize_obs", "--train_dir", str(tmp_path),
+                 "--train_for_env_frames", "4000", "--plan", "off"], env=TEST_ENVS_ON_PATH)
+    assert finish(run, 90) == 0, run.output()
+    experiment = tmp_path / "bad_data_env:NanBurst-v0"
+    summary = strict_json(experiment / "summary.json")
+    assert summary["bad_batches_dropped"] >= 1 and summary["samples_trained"] > 0, summary
+    assert summary["mean_return_100"] == 50.0, summary  # the 50-step episodes without a NaN
+    assert re.search(r"\| bad batches dropped [1-9]", run.output()), run.output()
+    state, _ = load_latest_checkpoint(str(experiment / "checkpoints"))
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert any("norm" in k and k.endswith("count") and float(v) > 0 for k, v in state["model"].items())
+    tags = EventAccumulator(str(experiment / "tb")).Reload().Tags()["scalars"]
+    assert "data/bad_batches_dropped" in tags
+    assert_nothing_left(run)
+
+
+def test_nan_observations_that_keep_coming_stop_the_run_naming_the_env(tmp_path):
+    run = start(["--env", "bad_data_env:NanObs-v0", *SMALL, "--train_dir", str(tmp_path), "--max_bad_batches", "3",
+                 "--plan", "off", "--checkpoint_every_seconds", "0.5"], env=TEST_ENVS_ON_PATH)
+    assert finish(run, 90) == 1, run.output()
+    assert ("BadDataError: bad_data_env:NanObs-v0 sent non-finite observations (NaN or inf) in 4 batches in a row, "
+            "past --max_bad_batches 3; fix the env, or wrap it to clean its output.") in run.output()
+    for path in checkpoints(tmp_path / "bad_data_env:NanObs-v0" / "checkpoints"):
+        assert all(torch.isfinite(v).all() for v in load_checkpoint(path)["model"].values()), path
+    assert_nothing_left(run)
+
+
+@pytest.mark.parametrize("env,wrong", [
+    ("WrongShape-v0", "Env 0 of this worker (bad_data_env:WrongShape-v0) at its first step returned an observation "
+                      "of shape (1,) and dtype float32, where its observation_space promises shape (4,) and dtype "
+                      "float32; make them match."),
+    ("WrongDtype-v0", "Env 0 of this worker (bad_data_env:WrongDtype-v0) on reset returned an observation of shape "
+                      "() and dtype float64, where its observation_space promises shape () and dtype int64; make them "
+                      "match.")])
+def test_an_observation_of_the_wrong_shape_or_dtype_is_refused_at_once(tmp_path, env, wrong):
+    run = start(["--env", f"bad_data_env:{env}", *SMALL, "--train_dir", str(tmp_path), "--plan", "off"],
+                env=TEST_ENVS_ON_PATH)
+    assert finish(run, 90) == 1, run.output()
+    assert f"ObservationMismatchError: {wrong}" in run.output()
+    assert_nothing_left(run)
+
+
+def test_the_normaliser_never_merges_non_finite_statistics():
+    norm = RunningNorm((2,))
+    norm.update(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    norm.update(torch.tensor([[float("nan"), 2.0], [3.0, float("inf")]]))
+    assert all(torch.equal(before[k], v) for k, v in norm.state_dict().items())
+
+
+def test_a_checkpoint_with_a_non_finite_buffer_is_not_saved(tmp_path):
+    state = {"model": {"w": torch.ones(3), "encoders.0.norm.var": torch.tensor([1.0, float("nan")])}}
+    with pytest.raises(NonFiniteStateError, match=r"state\['model'\]\['encoders.0.norm.var'\] holds a NaN or inf"):
+        save_checkpoint(str(tmp_path), state, 1, keep=3)
+    assert os.listdir(tmp_path) == []
