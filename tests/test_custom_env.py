@@ -75,6 +75,17 @@ def test_module_name_and_module_factory_train_from_the_command_line(tmp_path):
     assert played.returncode == 0, played.stdout + played.stderr
 
 
+def test_modules_names_the_file_that_registers_the_env_for_every_process(tmp_path):
+    # What fastrl.train(cfg) runs: the command line of the run, not the user's script, with --modules
+    # leading each process to the file; from a folder where no module of the repository is importable.
+    run = subprocess.run([sys.executable, "-m", "fastrl.train", "--modules", EXAMPLE, "--env", "corridor",
+                          "--env_option", "length=5", "--train_dir", str(tmp_path), "--train_for_env_frames", "4000",
+                          *TINY], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert read_summary(tmp_path, "corridor")["samples_trained"] > 0
+    assert _first_layer_inputs(tmp_path, "corridor") == 5
+
+
 def test_a_bad_env_option_is_refused_in_one_line_before_any_process_starts(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "fastrl.train", "--env", "examples.custom_env:corridor",
                               "--env_option", "lenght=5", "--train_dir", str(tmp_path)],
