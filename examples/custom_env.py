@@ -11,7 +11,8 @@ import sys
 
 import gymnasium
 import numpy as np
-from fastrl.envs import register_env
+
+import fastrl
 
 
 class Corridor(gymnasium.Env):
@@ -47,7 +48,7 @@ class Corridor(gymnasium.Env):
         return self._observation(), float(arrived), arrived, self.steps >= 4 * self.length, {}
 
 
-register_env("corridor", Corridor, options={
+fastrl.register_env("corridor", Corridor, options={
     "length": (8, "Cells in the corridor; the reward waits at the far end."),
     "slip": (0.1, "Chance that a step goes the other way."),
 }, description="Walk to the far end of a corridor (examples/custom_env.py)")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fastrl.algo.model_registry import register_model
+import fastrl
 
 
 class ResidualMLP(nn.Module):
@@ -41,7 +41,7 @@ def build_encoder(obs_space, spec) -> nn.Module:
     return ResidualMLP(int(np.prod(obs_space.shape)), width=spec.hidden_sizes[-1], blocks=2)
 
 
-register_model("residual_mlp", build_encoder)
+fastrl.register_model("residual_mlp", build_encoder)
 
 
 if __name__ == "__main__":
