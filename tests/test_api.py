@@ -2,6 +2,7 @@
 `import fastrl.train`), fastrl.load_policy and the Policy it returns."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,7 @@ import textwrap
 import gymnasium as gym
 import numpy as np
 import pytest
-from helpers import make_experiment
+from helpers import TrainRun, make_experiment
 
 import fastrl
 from fastrl.api import command_line
@@ -160,6 +161,31 @@ def test_a_script_trains_an_env_it_registers_itself(tmp_path):
         # no later process can import (envs/registry.py's module_reference).
         pytest.xfail("config.json names the script's import name beside its path: " + result["load_error"])
     assert modules == [str(script)] and len(result["actions"]) == 2
+
+
+INTERRUPTED_SCRIPT = textwrap.dedent("""
+    import sys, fastrl
+
+    cfg = fastrl.Config(env="CartPole-v1", train_dir=sys.argv[1], train_for_seconds=300, num_envs_per_worker=8,
+                        batch_size=256, plan="off", status_every_seconds=1.0)
+    try:
+        fastrl.train(cfg)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(5)
+""")
+
+
+def test_ctrl_c_stops_the_run_as_it_stops_the_command_then_raises_keyboard_interrupt(tmp_path):
+    (tmp_path / "interrupted_script.py").write_text(INTERRUPTED_SCRIPT)
+    run = TrainRun([str(tmp_path / "runs")], module="interrupted_script", env={"PYTHONPATH": str(tmp_path)})
+    run.wait_for_line(lambda line: "samples/s" in line, timeout=120)  # training, and its status lines echoed
+    os.kill(run.proc.pid, signal.SIGINT)  # to this process alone: it forwards the signal to its run
+    assert run.wait(timeout=120) == 5
+    assert "fastrl: stopped by SIGINT" in run.output() and run.lines[-1] == "interrupted"
+    assert os.listdir(tmp_path / "runs" / "CartPole-v1" / "checkpoints")  # the last checkpoint, at the stop
+    assert os.path.isfile(tmp_path / "runs" / "CartPole-v1" / "summary.json")
+    assert run.leftover_processes() == []
 
 
 def test_the_command_line_train_runs_asks_for_exactly_the_config():
