@@ -127,7 +127,7 @@ def write_export(into: str, experiment: str, agent: TrainedAgent, args) -> list:
     info = {"format": EXPORT_FORMAT, "env": cfg.env, "env_frames": agent.info["env_frames"],
             "policy_version": agent.info["policy_version"], "best_score": agent.info["best_score"],
             "checkpoint": os.path.basename(agent.info["source"]), "policy": args.policy,
-            "mean_return_100": summary.get("mean_return_100"), "train_command": training_command(saved),
+            "mean_return_100": _mean_return(summary, args.policy), "train_command": training_command(saved),
             "observation_space": space_to_json(agent.observation_space),
             "action_space": space_to_json(agent.action_space)}
     write_json(os.path.join(into, EXPORT_INFO), info, indent=2)
@@ -152,6 +152,15 @@ def _read_summary(experiment: str) -> dict:
     except (OSError, ValueError):  # a run still going, or killed before its end: the card does without
         return {}
     return summary if isinstance(summary, dict) else {}
+
+
+def _mean_return(summary: dict, policy: int) -> Optional[float]:
+    """The exported policy's mean return of its last 100 episodes at the end of training: a run of
+    several policies reports each apart."""
+    each = summary.get("policies")
+    if isinstance(each, list) and policy < len(each):
+        return each[policy].get("mean_return_100")
+    return summary.get("mean_return_100")
 
 
 def training_command(saved: dict) -> str:
