@@ -9,10 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import pytest
 import torch
-from helpers import REPO, TEST_ENVS_ON_PATH
+from helpers import REPO, TEST_ENVS_ON_PATH, read_summary
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_reliability import (
     CARTPOLE,
@@ -21,12 +22,18 @@ from test_reliability import (
     assert_nothing_left,
     checkpoints,
     finish,
+    pid_titled,
     start,
     wait_for_frames,
+    wait_for_new_line,
 )
 
 from fastrl.algo.model import RunningNorm
+from fastrl.config import Config
 from fastrl.learning.checkpoint import NonFiniteStateError, load_checkpoint, load_latest_checkpoint, save_checkpoint
+from fastrl.plumbing.ranks import SOLO
+from fastrl.plumbing.stats_board import StatsBoard
+from fastrl.runtime.supervision import WorkerSupervisor
 
 
 def train(args: list, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -187,3 +194,42 @@ def test_a_checkpoint_with_a_non_finite_buffer_is_not_saved(tmp_path):
     with pytest.raises(NonFiniteStateError, match=r"state\['model'\]\['encoders.0.norm.var'\] holds a NaN or inf"):
         save_checkpoint(str(tmp_path), state, 1, keep=3)
     assert os.listdir(tmp_path) == []
+
+
+# -- a learner that stops responding ------------------------------------------------------------------
+
+def test_a_frozen_learner_is_named_and_the_run_restarts_then_stops(tmp_path):
+    run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--worker_timeout_seconds", "3", "--max_restarts", "1",
+                 "--checkpoint_every_seconds", "0.5", "--train_for_env_frames", "100000000"])
+    ckpt_dir = tmp_path / "CartPole-v1" / "checkpoints"
+    run.wait_for_line(lambda line: "first batch trained" in line, timeout=60)
+    while not (ckpt_dir.is_dir() and checkpoints(ckpt_dir)):
+        assert run.proc.poll() is None, run.output()
+        run._take_lines(0.2)
+    frozen = pid_titled(run, "fastrl: learner")
+    os.kill(frozen, signal.SIGSTOP)
+    run.wait_for_line(lambda line: line.startswith("fastrl: the learner sent no heartbeat for 3 s and was killed; "
+                                                   "restarted the run from checkpoint"), timeout=60)
+    # The restarted run's learner, frozen too, ends the run: its one restart is spent.
+    wait_for_new_line(run, lambda line: "first batch trained" in line, timeout=60)
+    again = pid_titled(run, "fastrl: learner")
+    assert again != frozen
+    os.kill(again, signal.SIGSTOP)
+    assert finish(run, 60) == 1, run.output()
+    assert ("fastrl: learner sent no heartbeat for 3 s and was killed.\nfastrl: stopping the run, as the 1 restarts "
+            "--max_restarts allows are used up.") in run.output()
+    assert read_summary(tmp_path, "CartPole-v1")["learner_restarts"] == 1
+    assert_nothing_left(run)
+
+
+def test_a_slow_learner_is_given_ten_of_its_steps():
+    # A learner whose batches take 30 s each (a large batch, a slow machine) is not taken for a hung one.
+    board = StatsBoard(["learner"])
+    runner = types.SimpleNamespace(ctx=types.SimpleNamespace(board=board), cfg=Config(env="CartPole-v1"),
+                                   rank=SOLO, learner_processes={})
+    supervisor = WorkerSupervisor(runner, heartbeat_timeout_s=60.0, max_restarts=5)
+    assert supervisor.learner_timeout(0) == 60.0  # before its first batch
+    row = board.row("learner")
+    row.add("samples_received", 3 * runner.cfg.batch_size)
+    row.add("busy_s", 90.0)
+    assert supervisor.learner_timeout(0) == 300.0

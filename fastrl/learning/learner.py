@@ -38,7 +38,7 @@ from fastrl.learning.checkpoint import NonFiniteStateError, checkpoint_dir, load
 from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, CompiledEvaluate, CompileMemory
 from fastrl.plumbing import caching_allocator
 from fastrl.plumbing.collectives import Peers
-from fastrl.plumbing.compiling import auto_compiles
+from fastrl.plumbing.compiling import auto_compiles, beating
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.params import device_copies
 from fastrl.plumbing.polling import get_many_polling, put_many_polling
@@ -201,7 +201,8 @@ class Learner:
                 if threads != torch.get_num_threads():
                     torch.set_num_threads(threads)  # the runner's adapter moved a core to or from the learner
                 if self.rank.main and time.time() - last_checkpoint >= cfg.checkpoint_every_seconds:
-                    self.save()
+                    with beating(self.row.beat):  # a large model's save is slow, not hung
+                        self.save()
                     last_checkpoint = time.time()
             if self.peers is not None:
                 self._report_weights()

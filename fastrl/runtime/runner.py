@@ -557,6 +557,7 @@ class Runner:
         self.last_eval: Optional[dict] = None
         self.rollout_processes: dict = {}
         self.policy_processes: dict = {}
+        self.learner_processes: dict = {}  # policy -> its learner
         self.training_since: Optional[float] = None
         self.first_batch_s: Optional[float] = None  # seconds from the command's launch to training_since
         self._window = (0.0, 0, 0.0)  # (seconds, env frames, samples trained) at the last report
@@ -642,8 +643,8 @@ class Runner:
             for k in range(cfg.num_policies):
                 start = LearnerStart(self.resume_paths[k], self.frames_offset, k, self.rank, shared_options(cfg),
                                      memory)
-                self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, start, self.device_params(),
-                            threads=cfg.learner_threads)
+                self.learner_processes[k] = self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, start,
+                                                        self.device_params(), threads=cfg.learner_threads)
         else:
             self._spawn("sink", sink_main, cfg, ctx)
         for i in range(self._num_policy_workers()):
@@ -821,6 +822,10 @@ class Runner:
         failure = self.supervisor.check_policy_workers()
         if failure:
             return Failure("policy workers", failure, failure)
+        hung = self.supervisor.check_learners()
+        if hung:
+            name, cause = hung
+            return Failure(name, cause, f"{name} {cause}.")
         for p in self.processes:
             if not p.is_alive() and not self.supervisor.will_restart(p):
                 time.sleep(0.2)  # its traceback may still be on its way

@@ -3,19 +3,25 @@ is replaced; one that raised is not (its traceback is a bug the user must see) a
 run stops. A rollout worker comes back with fresh envs and its buffers go back to the
 pool; policy workers restart together and the rollout workers re-send what went
 unanswered (inference.RemotePolicy). A queue lock a killed worker held is freed by the
-runner's lock watch (plumbing/queue_locks.py).
+runner's lock watch (plumbing/queue_locks.py). A learner silent too long is killed and
+named, and the runner treats it as a learner that died: the run stops, or restarts from
+its newest good checkpoint under --max_restarts.
 """
 from __future__ import annotations
 
 import time
 
 from fastrl.plumbing.polling import put_many_polling
+from fastrl.plumbing.stats_board import learner_row
 
 RESTART_WINDOW_S = 600.0
 # A late policy-worker batch could still write into a dead worker's buffers; wait this
 # long before recycling them.
 RECYCLE_DELAY_S = 1.0
 STOP_TIMEOUT_S = 5.0  # for a healthy policy worker to leave on SIGTERM before it is killed
+# A learner beats between batches, so it may stay silent for a batch's step: this many of its
+# mean steps, where that is longer than the timeout (a large batch; a compile keeps beating).
+LEARNER_SILENT_STEPS = 10
 
 
 class WorkerSupervisor:
@@ -49,6 +55,30 @@ class WorkerSupervisor:
             return f"sent no heartbeat for {self.timeout:g} s and was killed"
         if process.exitcode is not None and process.exitcode < 0:
             return f"was killed by signal {-process.exitcode}"
+        return None
+
+    def learner_timeout(self, policy: int) -> float:
+        """How long policy `policy`'s learner may stay silent: the heartbeat timeout, or
+        LEARNER_SILENT_STEPS of its mean steps so far where longer; under torchrun at least the
+        collectives' timeout, as a learner waits that long for a slower rank."""
+        board, cfg, row = self.runner.ctx.board, self.runner.cfg, learner_row(policy)
+        batches = board.get(row, "samples_received") / cfg.batch_size
+        bound = max(self.timeout, LEARNER_SILENT_STEPS * board.get(row, "busy_s") / batches if batches else 0.0)
+        return max(bound, cfg.dist_timeout_seconds) if self.runner.rank.distributed else bound
+
+    def check_learners(self):
+        """(name, cause) of a learner silent past learner_timeout, killed here; None while all
+        are well. Watched from their first heartbeat, in their loop: their start-up (a resumed
+        checkpoint, the ranks' first meeting) is bounded by its own timeouts."""
+        for policy, process in self.runner.learner_processes.items():
+            beat = self.runner.ctx.board.get(learner_row(policy), "heartbeat")
+            if beat <= 0 or not process.is_alive():  # a dead one is the runner's dead-child check's
+                continue
+            bound = self.learner_timeout(policy)
+            if time.time() - beat > bound:
+                process.kill()
+                process.join(5.0)
+                return process.name, f"sent no heartbeat for {bound:.3g} s and was killed"
         return None
 
     def will_restart(self, process) -> bool:
