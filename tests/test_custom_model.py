@@ -210,3 +210,22 @@ def test_an_unknown_model_is_refused_before_any_process_starts(tmp_path):
                                          "test_custom_model\\)"):
         exec("register_model('test_flat', builder)", {"__name__": "someone_else", "register_model": register_model,
                                                       "builder": _flat})
+
+
+def test_a_changed_model_module_gets_its_own_profile_and_precision_timings(tmp_path, monkeypatch):
+    # A profile of yesterday's encoder must not plan today's: the cache key holds the user's source.
+    from fastrl.algo.model import Precision
+    from fastrl.tuning.profiling import cache_path, setup_cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    module = tmp_path / "my_encoder.py"
+    module.write_text("WIDTH = 64\n")
+    cfg, _ = parse_args(["--env", "CartPole-v1", "--modules", str(module), "--model", "my_encoder:build"])
+    fp32 = Precision("fp32", "fp32", "test")
+    before = (setup_cache_path("costs", cfg, fp32), cache_path({"precision": 1}, cfg.modules))
+    assert before == (setup_cache_path("costs", cfg, fp32), cache_path({"precision": 1}, cfg.modules))
+    module.write_text("WIDTH = 128\n")
+    after = (setup_cache_path("costs", cfg, fp32), cache_path({"precision": 1}, cfg.modules))
+    assert before[0] != after[0] and before[1] != after[1]
+    other, _ = parse_args(["--env", "CartPole-v1", "--modules", str(module), "--model", "other:build"])
+    assert setup_cache_path("costs", other, fp32) != after[0]

@@ -18,7 +18,8 @@ SETUP_OPTIONS = (*MODEL_OPTIONS, "env", "doom_measurements", "doom_hud", "doom_s
 
 def _path(cfg, learning_precision: str) -> str:
     return cache_path({"learner_compile": {k: getattr(cfg, k) for k in SETUP_OPTIONS},
-                       "precision": learning_precision, "device": torch.device(resolve_device(cfg)).type})
+                       "precision": learning_precision, "device": torch.device(resolve_device(cfg)).type},
+                      cfg.modules)
 
 
 def remember(cfg, learning_precision: str, report: dict) -> None:

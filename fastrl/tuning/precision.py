@@ -108,7 +108,7 @@ def cached_timings(cfg, obs_space, action_space, device: str = "cpu", fresh: boo
     setup = {"precision": {k: getattr(cfg, k) for k in MODEL_OPTIONS}, "obs": layout, "actions": str(action_space)}
     if device != "cpu":  # (CPU profiles cached before the key existed stay valid)
         setup.update(device=device, minibatch=cfg.batch_size // cfg.num_minibatches)
-    path = cache_path(setup)
+    path = cache_path(setup, cfg.modules)
     try:
         if fresh:
             raise FileNotFoundError(path)

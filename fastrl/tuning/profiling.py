@@ -3,7 +3,9 @@ limit, and the planner's Costs, profiled at start-up and cached per machine and 
 the planner adds up is in core-seconds per sample (threads x wall seconds)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -563,16 +565,34 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
+def _user_code_digest(modules: str) -> str:
+    """A hash of the sources of --modules, the user's envs and models: changing them changes the
+    costs as much as a change to fastrl's own code."""
+    digest = hashlib.sha1()
+    for reference in (m.strip() for m in modules.split(",") if m.strip()):
+        path = reference
+        if not reference.endswith(".py"):
+            spec = importlib.util.find_spec(reference)
+            path = spec.origin if spec is not None and spec.origin else ""
+        digest.update(reference.encode())
+        with contextlib.suppress(OSError):
+            with open(path, "rb") as fh:
+                digest.update(fh.read())
+    return digest.hexdigest()
+
+
 # The options that shape the model and so its cost.
 MODEL_OPTIONS = ("hidden_sizes", "activation", "use_rnn", "rnn_size", "separate_critic", "normalize_obs", "rollout",
-                 "learner_allocator")
+                 "learner_allocator", "model")
 
 
-def cache_path(setup: dict) -> str:
+def cache_path(setup: dict, modules: str = "") -> str:
     """The cache file of a measurement of `setup` (a JSON-ready dict), one per machine, torch
-    version, fastrl source and setup, under ~/.cache/fastrl/profiles."""
+    version, fastrl source, the source of the user's `modules` (--modules) and setup, under
+    ~/.cache/fastrl/profiles."""
+    code = {"code": _source_digest(), **({"user_code": _user_code_digest(modules)} if modules else {})}
     key = json.dumps({"machine": machine_info()["cpu"], "cores": os.cpu_count(), "torch": torch.__version__,
-                      "code": _source_digest(), **setup}, sort_keys=True)
+                      **code, **setup}, sort_keys=True)
     return os.path.join(user_cache("profiles"), hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
 
 
@@ -596,7 +616,7 @@ def write_cache(path: str, data: dict) -> None:
 
 
 # The options that set what the profile measures.
-PROFILED_OPTIONS = (*MODEL_OPTIONS, "env", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
+PROFILED_OPTIONS = (*MODEL_OPTIONS, "env", "env_option", "ppo_epochs", "doom_measurements", "doom_hud", "doom_scenario",
                     "doom_agents", "pin_workers")
 
 
@@ -608,7 +628,7 @@ def _where(cfg, precision: Precision) -> dict:
 
 def setup_cache_path(kind: str, cfg, precision: Precision, options: Sequence[str] = PROFILED_OPTIONS) -> str:
     """cache_path of a measurement `kind` of cfg's `options`, precision, usable cores and device."""
-    return cache_path({kind: {k: getattr(cfg, k) for k in options}, **_where(cfg, precision)})
+    return cache_path({kind: {k: getattr(cfg, k) for k in options}, **_where(cfg, precision)}, cfg.modules)
 
 
 def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
