@@ -229,3 +229,20 @@ def test_a_changed_model_module_gets_its_own_profile_and_precision_timings(tmp_p
     assert before[0] != after[0] and before[1] != after[1]
     other, _ = parse_args(["--env", "CartPole-v1", "--modules", str(module), "--model", "other:build"])
     assert setup_cache_path("costs", other, fp32) != after[0]
+
+
+def test_an_encoder_that_does_not_fit_stops_the_command_in_one_sentence(tmp_path):
+    module = tmp_path / "narrow.py"
+    module.write_text("import torch.nn as nn\n"
+                      "def build(obs_space, spec):\n"
+                      "    net = nn.Linear(obs_space.shape[0], 8)\n"
+                      "    net.out_dim = 16\n"
+                      "    return net\n")
+    refused = subprocess.run([sys.executable, "-m", "fastrl.train", "--env", "CartPole-v1", "--modules", str(module),
+                              "--model", "narrow:build", "--train_dir", str(tmp_path)],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "fastrl: error: Model 'narrow:build': its encoder must return features of shape [2, 16] for 2 observations, "
+        "but returned [2, 8]."]
+    assert not os.path.exists(tmp_path / "CartPole-v1" / "checkpoints")

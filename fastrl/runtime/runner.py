@@ -34,6 +34,7 @@ from fastrl.algo.model import (
     obs_to_tensors,
     resolve_device,
 )
+from fastrl.algo.model_registry import ModelError
 from fastrl.config import (
     EARLIER_DEFAULTS,
     Config,
@@ -315,6 +316,11 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
             check_spaces(obs_space, action_space)
         except ValueError as err:
             raise ConfigError(f"{cfg.env}: {err}") from None
+        try:  # a user's encoder that does not fit is refused here, not as a traceback in a child
+            if cfg.model:
+                build_model(cfg, obs_space, action_space)
+        except ModelError as err:
+            raise ConfigError(str(err)) from None
         cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
         # Before the plan, which profiles the model in it; once, for every process of the run.
         precision, one_thread = decide_precision(cfg, obs_space, action_space)
