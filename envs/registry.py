@@ -194,7 +194,7 @@ def import_user_module(reference: str) -> None:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    spec = importlib.util.spec_from_file_location(f"fastrl_user_{stem}", path)
+    spec = importlib.util.spec_from_file_location(f"{_FILE_MODULE}{stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
@@ -204,6 +204,10 @@ def import_user_module(reference: str) -> None:
         raise ImportError(f"the file {reference} failed to import ({describe_error(err)}); fix it.") from None
 
 
+# The name a user's .py file is imported under (import_user_module): other processes find it by its path.
+_FILE_MODULE = "fastrl_user_"
+
+
 def _file_of(module) -> str:
     path = getattr(module, "__file__", None)
     return os.path.realpath(path) if path else ""
@@ -211,11 +215,13 @@ def _file_of(module) -> str:
 
 def module_reference(module_name: str) -> str:
     """How another process imports the module now loaded as `module_name`: its name, or for a
-    script run as the main module, its path; "" where no file backs it (an interactive
-    interpreter, a notebook)."""
+    script run as the main module or a file --modules named, its path; "" where no file backs it
+    (an interactive interpreter, a notebook)."""
+    module = sys.modules.get(module_name)
+    if module_name.startswith(_FILE_MODULE):
+        return _file_of(module)
     if module_name not in ("__main__", "__mp_main__"):
         return module_name
-    module = sys.modules.get(module_name)
     spec = getattr(module, "__spec__", None)
     if spec is not None and spec.name not in ("__main__", "__mp_main__"):  # python -m package.module
         return spec.name

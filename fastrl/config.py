@@ -616,7 +616,7 @@ def _record_modules(cfg: Config, origins: dict) -> None:
         if not reference:
             raise ConfigError(f"The {what} was registered in an interactive interpreter, which fastrl's worker "
                               "processes cannot import; register it in a module or a script file.")
-        if reference not in modules:
+        if not any(m == reference or (m.endswith(".py") and os.path.realpath(m) == reference) for m in modules):
             modules.append(reference)
     cfg.modules = ",".join(modules)
 
