@@ -151,6 +151,40 @@ def test_load_errors_name_the_file(tmp_path):
     assert load_latest_checkpoint(str(tmp_path / "absent")) == (None, None)
 
 
+def test_a_header_claiming_a_huge_payload_is_damaged_not_a_memory_error(tmp_path):
+    old = save_checkpoint(str(tmp_path), _state(1), 1, keep=5)
+    new = save_checkpoint(str(tmp_path), _state(2), 2, keep=5)
+    with open(new, "r+b") as fh:
+        magic, _, digest = ckpt._HEADER.unpack(fh.read(ckpt._HEADER.size))
+        fh.seek(0)
+        fh.write(ckpt._HEADER.pack(magic, 2**62, digest))
+    with pytest.raises(CheckpointError, match=r"checkpoint_000000000002.pt is truncated: its header promises "
+                                              r"4611686018427387904 payload bytes, the file holds \d+"):
+        load_checkpoint(new)
+    with pytest.warns(RuntimeWarning, match="Skipping unusable checkpoint"):
+        assert load_latest_checkpoint(str(tmp_path))[1] == old  # skipped as damaged, like any other
+
+
+def test_a_checkpoint_that_cannot_be_read_is_neither_kept_as_good_nor_deleted(tmp_path, monkeypatch):
+    # EACCES or EIO says nothing about the file: it may be whole once the disk or its owner allows.
+    paths = [save_checkpoint(str(tmp_path), _state(step), step, keep=2) for step in (1, 2)]
+    ckpt._verified.clear()  # as a new process sees them
+    real_open = open
+
+    def refusing(path, *args, **kwargs):
+        if path == paths[1]:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "open", refusing, raising=False)
+    with pytest.raises(ckpt.UnreadableCheckpointError, match="cannot be opened: Permission denied"):
+        load_checkpoint(paths[1])
+    save_checkpoint(str(tmp_path), _state(3), 3, keep=2)
+    # Step 2 takes no slot (step 1 is kept as the good one) and is not deleted.
+    assert _names(tmp_path) == ["checkpoint_000000000001.pt", "checkpoint_000000000002.pt",
+                                "checkpoint_000000000003.pt"]
+
+
 @pytest.mark.parametrize("failing", ["torch.save", "os.fsync"])
 def test_failure_mid_save_leaves_no_temp_file(tmp_path, monkeypatch, failing):
     previous = save_checkpoint(str(tmp_path), _state(1), 1, keep=1)

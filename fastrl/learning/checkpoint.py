@@ -54,6 +54,11 @@ class CheckpointError(Exception):
         return f"Checkpoint {self.path} {self.problem}"
 
 
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint the file system would not let us read (permissions, an I/O error): it may
+    be whole, so rotation neither counts it as good nor deletes it as damaged."""
+
+
 class RefusedCheckpointError(CheckpointError):
     """An intact checkpoint that does not load as tensors and plain data: it could run
     code, so it is never skipped silently."""
@@ -193,23 +198,27 @@ def _fingerprint(path: str) -> tuple:
     return info.st_size, info.st_mtime_ns, info.st_ino
 
 
-def _is_good(path: str) -> bool:
-    """Whether `path` passes its checksum, read only if it changed since last verified."""
+def _soundness(path: str) -> str:
+    """"good" if `path` passes its checksum (read only if it changed since last verified),
+    "damaged" if it fails it, "unreadable" if it could not be read to tell."""
     fingerprint = _fingerprint(path)
     if _verified.get(path) == fingerprint:
-        return True
+        return "good"
     try:
         _verified_payload(path)
+    except UnreadableCheckpointError:
+        return "unreadable"
     except CheckpointError:
-        return False
+        return "damaged"
     _verified[path] = fingerprint
-    return True
+    return "good"
 
 
 def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> str:
     """Atomically write <ckpt_dir>/checkpoint_<name_step:012d>.pt and return its path.
     Afterwards only the newest `keep` good checkpoints remain, this one always among
-    them; damaged files are deleted whatever their number, so they hold no slot."""
+    them; damaged files are deleted whatever their number, so they hold no slot, and files
+    that cannot be read are left alone."""
     state = _check_state(state)
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep={keep!r} must be an int >= 1 (the number of checkpoints to retain).")
@@ -224,9 +233,12 @@ def save_checkpoint(ckpt_dir: str, state: dict, name_step: int, keep: int) -> st
     for _, other in reversed(_list_checkpoints(ckpt_dir)):
         if other == path:
             continue
-        if kept < keep - 1 and _is_good(other):
+        soundness = _soundness(other)
+        if kept < keep - 1 and soundness == "good":
             kept += 1
             continue
+        if soundness == "unreadable":
+            continue  # perhaps whole: the permissions or the disk failed, not the file
         os.unlink(other)
         _verified.pop(other, None)
     _remove_dead_writers_temp_files(ckpt_dir)
@@ -284,17 +296,25 @@ def _verified_payload(path: str) -> bytes:
     except FileNotFoundError:
         raise CheckpointError(path, "does not exist") from None
     except OSError as err:
-        raise CheckpointError(path, f"cannot be opened: {err.strerror}") from None
+        raise UnreadableCheckpointError(path, f"cannot be opened: {err.strerror}") from None
     with f:
-        header = f.read(_HEADER.size)
-        if len(header) < _HEADER.size:
-            raise CheckpointError(
-                path, f"is truncated: {len(header)} bytes, shorter than its {_HEADER.size}-byte header")
-        magic, length, expected = _HEADER.unpack(header)
-        if magic != MAGIC:
-            raise CheckpointError(path, f"is not a fastrl checkpoint (its first bytes are {magic!r})")
-        payload = f.read(length)
-        trailing = f.read(1)
+        try:
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                raise CheckpointError(
+                    path, f"is truncated: {len(header)} bytes, shorter than its {_HEADER.size}-byte header")
+            magic, length, expected = _HEADER.unpack(header)
+            if magic != MAGIC:
+                raise CheckpointError(path, f"is not a fastrl checkpoint (its first bytes are {magic!r})")
+            # Checked against the file's size before reading: a damaged header may claim exabytes.
+            held = os.fstat(f.fileno()).st_size - _HEADER.size
+            if length > held:
+                raise CheckpointError(
+                    path, f"is truncated: its header promises {length} payload bytes, the file holds {held}")
+            payload = f.read(length)
+            trailing = f.read(1)
+        except OSError as err:
+            raise UnreadableCheckpointError(path, f"cannot be read: {err.strerror}") from None
     if len(payload) < length:
         raise CheckpointError(
             path, f"is truncated: its header promises {length} payload bytes, the file holds {len(payload)}")
