@@ -109,6 +109,9 @@ CASES = [
     Case("train", "--restart with a plan file that is not JSON (the checkpoints stay)", "--env CartPole-v1 "
          "--train_dir {root}/train --experiment good --restart --plan {root}/bad_plan.json",
          "--plan {root}/bad_plan.json is not a readable plan"),
+    Case("train", "a plan file edited by hand into a wrong type", "--env CartPole-v1 --train_dir {root}/train "
+         "--experiment fresh --plan {root}/typo_plan.json",
+         "--plan {root}/typo_plan.json is not a readable plan (its num_workers is 'two', not an int)"),
     # -- train: numbers and options
     Case("train", "unknown option", f"{CARTPOLE} --lrr 0.1", "unknown option --lrr. Did you mean --lr?"),
     Case("train", "not a number", f"{CARTPOLE} --num_workers abc", "argument --num_workers: invalid int value"),
@@ -195,6 +198,8 @@ FILES = {
     "afile": "a file, not a folder\n",
     "notes.cfg": "buy milk\nsee Bob\n",
     "bad_plan.json": "not JSON\n",
+    "typo_plan.json": ('{"num_workers": "two", "num_envs_per_worker": 8, "inference": "local", '
+                       '"num_policy_workers": 1, "learner_threads": 1, "num_buffers": 4}\n'),
     "boom_env.py": 'raise RuntimeError("boom at import")\n',
     "failing_env.py": (
         "import gymnasium as gym\n\n\n"

@@ -102,7 +102,26 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls(**json.loads(text))
+        """The plan in `text`; ValueError naming the first entry a hand edit broke."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds a {type(data).__name__}, not a plan's mapping")
+        kinds = {f.name: {"int": int, "str": str, "dict": dict}[f.type] for f in dataclasses.fields(cls)}
+        for name, value in data.items():
+            if name not in kinds:
+                raise ValueError(f"it has an entry {name!r} no plan has")
+            if not isinstance(value, kinds[name]) or isinstance(value, bool):
+                raise ValueError(f"its {name} is {value!r}, not a{'n' if kinds[name] is int else ''} "
+                                 f"{kinds[name].__name__}")
+        missing = [name for name in PLANNED if name not in data and name != "worker_nice"]
+        if missing:
+            raise ValueError(f"it has no {missing[0]}")
+        if data["inference"] not in ("local", "policy_worker"):
+            raise ValueError(f"its inference is {data['inference']!r}, not local or policy_worker")
+        for name in PLANNED:
+            if name not in ("inference", "worker_nice") and data[name] < 1:
+                raise ValueError(f"its {name} is {data[name]}, not a count of at least 1")
+        return cls(**data)
 
 
 class Layout(NamedTuple):
