@@ -295,6 +295,28 @@ def test_deathmatch_respawns_and_ends_by_timeout():
     env.close()
 
 
+@pytest.mark.parametrize("launcher", ["fastrl's launcher", "none (ViZDoom's own engine)"])
+def test_a_scenario_config_cannot_choose_the_engine(tmp_path, monkeypatch, launcher):
+    # A .cfg handed over with an experiment names an executable of its own as the engine.
+    marker = tmp_path / "it ran"
+    impostor = tmp_path / "impostor.sh"
+    impostor.write_text(f"#!/bin/sh\ntouch '{marker}'\nexit 1\n")
+    impostor.chmod(0o755)
+    cfg = tmp_path / "handed_over.cfg"
+    cfg.write_text(f"vizdoom_path = {impostor}\n"
+                   f"doom_scenario_path = {os.path.join(vizdoom.scenarios_path, 'basic.wad')}\n"
+                   "available_buttons = { ATTACK }\n")
+    if launcher.startswith("none"):
+        monkeypatch.setattr(engine, "engine_launcher_path", lambda: None)
+    env = make("doom_custom", doom_scenario=str(cfg))
+    try:
+        env.reset()
+        env.step(env.action_space.sample())
+    finally:
+        env.close()
+    assert not marker.exists()
+
+
 def test_custom_scenario(tmp_path):
     cfg = tmp_path / "mine.cfg"
     cfg.write_text(textwrap.dedent(f"""\

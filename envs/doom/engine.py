@@ -123,12 +123,19 @@ def _safely_ours(directory: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def shipped_engine_path() -> str:
+    """The engine executable the vizdoom package installed."""
+    import vizdoom
+
+    return os.path.join(os.path.dirname(vizdoom.__file__), "vizdoom")
+
+
 def _write_launcher() -> str | None:
     if not sys.platform.startswith("linux"):
         return None
     import vizdoom
 
-    engine = os.path.join(os.path.dirname(vizdoom.__file__), "vizdoom")
+    engine = shipped_engine_path()
     script = os.path.join(_HERE, "_launcher.py")
     if not (os.access(engine, os.X_OK) and os.path.isfile(script)):
         return None
@@ -411,8 +418,10 @@ def _close_and_die(signum, frame) -> None:
 def init_game(game, hang_timeout: float) -> EngineHandle:
     """DoomGame.init() with the launcher and the reaper in place; returns its handle."""
     launcher = engine_launcher_path()
+    # Always fastrl's own engine: a scenario .cfg may name a vizdoom_path of its own, and a
+    # config handed over with an experiment would then run whatever executable it names.
+    game.set_vizdoom_path(launcher or shipped_engine_path())
     if launcher:
-        game.set_vizdoom_path(launcher)
         os.environ[OWNER_ENV_VAR] = str(os.getpid())
     REAPER.init_begins()
     try:
