@@ -142,8 +142,8 @@ def test_each_action_carries_the_version_log_prob_and_value_of_the_weights_that_
         assert b.policy_version[buf].tolist() == [[t + 10] * ENVS for t in range(ROLLOUT)]
         for t, model in models.items():
             with torch.no_grad():
-                dist = model._distribution(model._core_step(model._encode({"obs": b.obs["obs"][buf, t]}),
-                                                            torch.zeros(ENVS, 0))[0])
+                obs = {"obs": b.obs["obs"][buf, t]}
+                dist = model._distribution(model._core_step(model._encode(obs), torch.zeros(ENVS, 0))[0], obs)
                 want = dist.log_prob(b.actions[buf, t])
                 value = model.act({"obs": b.obs["obs"][buf, t]}, torch.zeros(ENVS, 0)).values
             np.testing.assert_allclose(b.behaviour_logp[buf, t].numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
