@@ -93,7 +93,7 @@ def test_a_user_script_trains_loads_and_plays_cartpole(tmp_path):
     with open(os.path.join(out, "README.md")) as fh:
         card = fh.read()
     assert f"| mean return, last 100 training episodes | {summary['mean_return_100']:.2f} |" in card
-    assert "![Mean return of the last 100 episodes](learning_curve.png)" in card
+    assert "![Mean return of the last 100 episodes](learning_curve.png)" in card, made.stdout
     assert (f"python -m fastrl.train --env CartPole-v1 --batch_size 256 --experiment api --hidden_sizes 16 "
             f"--normalize_obs true --num_envs_per_worker 8 --plan off --rnn_size 16 --status_every_seconds 1.0 "
             f"--train_dir {train_dir} --train_for_env_frames 3000 --use_rnn true") in card

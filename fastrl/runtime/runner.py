@@ -964,6 +964,10 @@ class Runner:
             signals.during_shutdown(self.eval_abandon.set)  # Ctrl-C skips the last evaluation, nothing else
             killed = self.stop_children(finish_evaluation=reason is not None and exit_code == 0)
             self._drain(start, monitor)
+            if self.rank.main and math.isfinite(self.mean_return()):
+                # Episodes the last drain brought end the curve too: a short run may have had no report with one.
+                last = {"train/return_mean_100": self.mean_return(), "train/episodes": float(self.count("episodes"))}
+                monitor.log(self.env_frames() + self.frames_offset, time.time() - start, last)
             locks.stop()
             signals.restore()
             monitor.close(exit_code)
