@@ -1,7 +1,18 @@
-"""Shared buffers, parameters and the stats board really cross spawned processes."""
+"""Shared buffers, parameters and the stats board really cross spawned processes, and a run
+whose shared memory cannot fit /dev/shm is refused before it starts."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
 import torch
 import torch.multiprocessing as tmp
+from helpers import REPO, read_summary
 
+from fastrl.plumbing import shm_space
 from fastrl.plumbing.buffers import COPY_PER_BUFFER_BYTES, TrajectoryBuffers
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.stats_board import StatsBoard
@@ -148,3 +159,61 @@ def test_stop_flag_crosses_processes():
     p.start()
     p.join(30)
     assert flag.is_set() and flag.wait(0.01)
+
+
+@pytest.mark.parametrize("layout, action_dim, action_dtype, rnn_size", [
+    (LAYOUT, 2, torch.int64, 3),
+    ({"obs": ((3, 72, 128), torch.uint8), "action_mask": ((6,), torch.bool)}, 1, torch.int64, 512),
+    ({"obs": ((17,), torch.float32)}, 6, torch.float32, 0),
+])
+def test_the_bytes_a_run_needs_are_the_bytes_its_buffers_take(layout, action_dim, action_dtype, rnn_size):
+    # The /dev/shm check counts without allocating; the buffers it stands for must agree to the byte.
+    args = dict(num_buffers=3, rollout=5, envs_per_split=4, obs_layout=layout, action_dim=action_dim,
+                action_dtype=action_dtype, rnn_size=rnn_size)
+    assert TrajectoryBuffers.bytes_needed(**args) == TrajectoryBuffers(**args).nbytes()
+
+
+def test_a_shortfall_says_what_is_needed_and_how_to_give_it():
+    need = shm_space.SharedMemoryNeed(buffers=100 << 20, envs=16, per_env=10 << 20, weights=4 << 20)
+    assert shm_space.shortfall(need, free=1 << 30) == ""
+    assert shm_space.shortfall(need, free=None) == ""  # no /dev/shm to look at: nothing to refuse
+    assert shm_space.shortfall(need, free=64 << 20) == (
+        "This run needs about 280 MB of shared memory (/dev/shm: 100 MB of trajectory buffers and 16 envs at "
+        "10.0 MB each) but /dev/shm has 64 MB free; give it more (in a container, docker run --shm-size=1g) or run "
+        "fewer envs (--num_workers, --num_envs_per_worker).")
+
+
+def _in_a_small_dev_shm(args: list) -> subprocess.CompletedProcess:
+    """`python -m fastrl.train args` with a 64 MB /dev/shm of its own, as a container's default:
+    a private mount namespace, so the machine's /dev/shm is untouched."""
+    command = " ".join(["exec", shlex.quote(sys.executable), "-m", "fastrl.train", *map(shlex.quote, args)])
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {command}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+needs_a_mount_namespace = pytest.mark.skipif(
+    os.getuid() != 0 or shutil.which("unshare") is None or not sys.platform.startswith("linux"),
+    reason="a private 64 MB /dev/shm takes root, Linux and unshare(1)")
+
+
+@needs_a_mount_namespace
+def test_a_doom_run_that_cannot_fit_a_small_dev_shm_is_refused_in_one_sentence(tmp_path):
+    pytest.importorskip("vizdoom")
+    refused = _in_a_small_dev_shm(["--env", "doom_basic", "--train_dir", str(tmp_path), "--plan", "off",
+                                   "--precision", "fp32", "--num_workers", "2", "--num_envs_per_worker", "8"])
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(
+        r"fastrl: error: This run needs about [\d,]+ MB of shared memory \(/dev/shm: [\d,]+ MB of trajectory "
+        r"buffers and 16 envs at [\d.]+ MB each\) but /dev/shm has \d+ MB free; give it more \(in a container, "
+        r"docker run --shm-size=\d+g\) or run fewer envs \(--num_workers, --num_envs_per_worker\)\.", lines[0]), lines
+    assert not os.path.exists(tmp_path / "doom_basic" / "checkpoints")
+
+
+@needs_a_mount_namespace
+def test_a_small_run_in_a_small_dev_shm_trains(tmp_path):
+    done = _in_a_small_dev_shm(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--plan", "off",
+                                "--train_for_env_frames", "3000", "--num_workers", "1"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert read_summary(tmp_path, "CartPole-v1")["env_frames"] >= 3000

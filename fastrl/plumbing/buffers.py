@@ -5,6 +5,8 @@ observation), so writes are row writes and a queue message is one integer.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fastrl.algo.model import obs_zeros
@@ -55,6 +57,19 @@ class TrajectoryBuffers:
         self.terminated = shared((N, T, n), torch.bool)
         self.truncated = shared((N, T, n), torch.bool)
         self.rnn_state0 = shared((N, n, rnn_size), torch.float32)
+
+    @staticmethod
+    def bytes_needed(num_buffers: int, rollout: int, envs_per_split: int, obs_layout: dict, action_dim: int,
+                     action_dtype: torch.dtype, rnn_size: int) -> int:
+        """nbytes() of the buffers these arguments make, without making them (the /dev/shm check)."""
+        def size(dtype: torch.dtype) -> int:
+            return torch.empty((), dtype=dtype).element_size()
+
+        obs = sum(math.prod(shape) * size(dtype) for shape, dtype in obs_layout.values())
+        # Per step: obs and final_obs, three flags, the action, logp, value, reward and the version.
+        step = 2 * obs + 3 * size(torch.bool) + action_dim * size(action_dtype) + 3 * 4 + 8
+        per_env = rollout * step + obs + size(torch.bool) + rnn_size * 4  # the bootstrap row, the GRU state
+        return num_buffers * envs_per_split * per_env
 
     def nbytes(self) -> int:
         tensors = [*self.obs.values(), *self.final_obs.values(), self.episode_start, self.actions,

@@ -60,7 +60,7 @@ from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_S
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import ALLOCATOR_KEY, BAD_BATCHES_KEY, WEIGHTS_KEY, LearnerStart, learner_main
-from fastrl.plumbing import machine_load
+from fastrl.plumbing import machine_load, shm_space
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
 from fastrl.plumbing.files import write_json
@@ -309,6 +309,7 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     _check_experiment(cfg, rank)
     states, paths = zip(*[_latest_checkpoint(cfg, k) for k in range(cfg.num_policies)])
     cfg = _earlier_defaults(cfg, states[0], paths[0], explicit, origins)
+    shm_free = shm_space.free_bytes()
     env = _spec_env(cfg, spec)
     try:
         obs_space, action_space = env.observation_space, env.action_space
@@ -329,11 +330,14 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
         plan = make_plan(cfg, explicit, env, resuming=states[0] is not None, precision=precision,
                          one_thread=one_thread, announce=rank.main)
         mark("plan made")
+        # What the one env, made, reset and stepped by now, holds in shared memory (a ViZDoom game's screens).
+        shm_per_env = max(0, shm_free - (shm_space.free_bytes() or shm_free)) if shm_free is not None else 0
     finally:
         env.close()
     mark("spec env closed")
     cfg = _apply_plan(cfg, plan, explicit, origins, rank)
     models = _build_models(cfg, obs_space, action_space, states, paths, seed_obs)
+    _check_shared_memory(cfg, obs_space, action_space, models, shm_free, shm_per_env)
     ckpt_root = checkpoint_root(cfg)
     if cfg.restart and rank.main and os.path.isdir(ckpt_root):
         shutil.rmtree(ckpt_root)
@@ -398,6 +402,20 @@ def _earlier_defaults(cfg: Config, state: Optional[dict], path: Optional[str], e
     older = {k: v for k, v in EARLIER_DEFAULTS.items() if k not in state.get("config", {}) and k not in explicit}
     origins.update(dict.fromkeys(older, "saved run"))
     return dataclasses.replace(cfg, **older)
+
+
+def _check_shared_memory(cfg: Config, obs_space, action_space, models: list, free, per_env: int) -> None:
+    """Refuse, before anything is written, a run whose buffers and envs cannot fit /dev/shm."""
+    action_spec = ActionSpec.from_space(action_space)
+    need = shm_space.SharedMemoryNeed(
+        buffers=TrajectoryBuffers.bytes_needed(cfg.total_buffers, cfg.rollout, cfg.envs_per_split,
+                                               obs_layout(obs_space), action_spec.action_dim, action_spec.dtype,
+                                               models[0].rnn_state_size),
+        envs=cfg.num_workers * cfg.num_envs_per_worker // cfg.agents_per_game, per_env=per_env,
+        weights=sum(4 * flat_state_size(model) for model in models))
+    why = shm_space.shortfall(need, free)
+    if why:
+        raise ConfigError(why)
 
 
 def _spec_env(cfg: Config, spec):
