@@ -2,7 +2,7 @@
 
     python examples/custom_env.py                          # a few seconds of training
     python examples/custom_env.py --env_option length=20   # any fastrl.train option works too
-    python -m fastrl.enjoy --env corridor                  # then watch it (the run recorded this file)
+    python -m fastrl.enjoy --env corridor --modules examples/custom_env.py   # then watch it
 
 The env is registered at the top level of this file, so that fastrl's worker processes,
 which import it again, find it too; its options are set with --env_option key=value.

@@ -35,6 +35,66 @@ class AgentLoadError(Exception):
     """A folder or name that holds no loadable agent; the message says what to give instead."""
 
 
+class Named(NamedTuple):
+    """What the user named on this command line (or to load_policy). A saved config's own code
+    (--modules) and files (--doom_scenario) are followed only where named here, so that an
+    experiment or export handed over runs nothing its config alone asks for."""
+
+    modules: str = ""
+    doom_scenario: str = ""
+
+
+NOTHING_NAMED = Named()
+
+
+def _same_reference(a: str, b: str) -> bool:
+    return a == b or (a.endswith(".py") and b.endswith(".py") and os.path.realpath(a) == os.path.realpath(b))
+
+
+def _already_imported(reference: str) -> bool:
+    """Whether this process already ran `reference` (a module name or a .py path): importing it
+    again runs no code the user did not."""
+    import sys
+
+    if not reference.endswith(".py"):
+        return reference in sys.modules
+    path = os.path.realpath(reference)
+    return any(os.path.realpath(getattr(m, "__file__", None) or "") == path for m in list(sys.modules.values()))
+
+
+def _module_list(text) -> list:
+    return [m.strip() for m in str(text or "").split(",") if m.strip()]
+
+
+def _module_of(reference) -> list:
+    """The module a "module:name" env or model imports, as a one-item list; [] for a plain name."""
+    return [str(reference).rsplit(":", 1)[0]] if reference and ":" in str(reference) else []
+
+
+def naming(modules: str, env: str = "") -> Named:
+    """What a command names: its --modules, and the module of an --env given as module:name."""
+    return Named(",".join([*_module_list(modules), *_module_of(env)]))
+
+
+def followed(saved: dict, named: Named, where: str) -> dict:
+    """`saved` (a config.json) once every module and file it names is named by the user too (or
+    its module already ran here); AgentLoadError naming what to pass otherwise."""
+    modules = [*_module_list(saved.get("modules")), *_module_of(saved.get("env")), *_module_of(saved.get("model"))]
+    given = _module_list(named.modules)
+    unnamed = [m for m in dict.fromkeys(modules)
+               if not any(_same_reference(m, g) for g in given) and not _already_imported(m)]
+    if unnamed:
+        raise AgentLoadError(f"{where} was trained with code of its own ({', '.join(unnamed)}: what registered its env "
+                             "or model), which fastrl runs only when you name it; if you trust it, pass --modules "
+                             f"{','.join(unnamed)} (modules= to fastrl.load_policy).")
+    scenario = str(saved.get("doom_scenario") or "")
+    if scenario and not _same_reference(scenario, named.doom_scenario) and scenario != named.doom_scenario:
+        raise AgentLoadError(f"{where} plays the ViZDoom scenario {scenario} its config names, which fastrl opens only "
+                             f"when you name it; if you trust it, pass --doom_scenario {scenario} (doom_scenario= to "
+                             "fastrl.load_policy).")
+    return saved
+
+
 class TrainedAgent(NamedTuple):
     """What a policy is rebuilt from. info: env_frames, policy_version and where the
     weights came from (source), as far as the files tell."""
@@ -58,21 +118,22 @@ def experiment_folder(source: str, train_dir: str) -> str:
     return os.path.join(train_dir, source)
 
 
-def load_agent(source: str, train_dir: str = "train_dir", checkpoint: str = "latest", policy: int = 0) -> TrainedAgent:
+def load_agent(source: str, train_dir: str = "train_dir", checkpoint: str = "latest", policy: int = 0,
+               named: Named = NOTHING_NAMED) -> TrainedAgent:
     """The agent in an export folder, an experiment folder, or the experiment named
     `source` under `train_dir` (its `checkpoint`: latest, best or a path; `policy` of several)."""
     source = os.fspath(source)
     if is_export(source):
-        return read_export(source)
+        return read_export(source, named)
     folder = experiment_folder(source, train_dir)
     if os.path.isdir(source) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
         raise AgentLoadError(f"{source} is neither an export folder (it has no {EXPORT_INFO}) nor an experiment "
                              f"folder (it has no {CONFIG_FILE}); give the folder python -m fastrl.export wrote, or "
                              "an experiment's folder or name.")
-    return read_experiment(folder, checkpoint, policy)
+    return read_experiment(folder, checkpoint, policy, named)
 
 
-def load_experiment_config(experiment_dir: str) -> Config:
+def load_experiment_config(experiment_dir: str, named: Named = NOTHING_NAMED) -> Config:
     """The Config an experiment was trained with, from its config.json."""
     path = os.path.join(experiment_dir, "config.json")
     if not os.path.isfile(path):
@@ -88,7 +149,7 @@ def load_experiment_config(experiment_dir: str) -> Config:
         raise AgentLoadError(f"{path} holds a JSON {type(saved).__name__}, not the options fastrl writes; "
                              "restore it, or train the experiment again.")
     try:
-        return config_from_saved(saved)
+        return config_from_saved(followed(saved, named, f"Experiment {experiment_dir}"))
     except ConfigError as err:  # the modules that registered its env or model (--modules) are not here
         raise AgentLoadError(f"Experiment {experiment_dir} was trained with an env or model of its own, and "
                              f"{err}") from None
@@ -123,11 +184,12 @@ def select_checkpoint(cfg: Config, which: str, policy: int = 0) -> tuple:
         raise AgentLoadError(f"{err}; pass --checkpoint latest, best or the path of another checkpoint.") from None
 
 
-def read_experiment(folder: str, checkpoint: str = "latest", policy: int = 0) -> TrainedAgent:
+def read_experiment(folder: str, checkpoint: str = "latest", policy: int = 0,
+                    named: Named = NOTHING_NAMED) -> TrainedAgent:
     """An experiment's checkpoint as a TrainedAgent; its env is made once for the spaces."""
     from fastrl.envs.registry import UnknownEnvError, get_spec
 
-    cfg = _relocated(load_experiment_config(folder), folder)
+    cfg = _relocated(load_experiment_config(folder, named), folder)
     state, path = select_checkpoint(cfg, checkpoint, policy)
     try:
         env = get_spec(cfg.env).make(seed=cfg.seed, **env_options(cfg))
@@ -169,7 +231,7 @@ def read_export_info(folder: str) -> dict:
     return info
 
 
-def read_export(folder: str) -> TrainedAgent:
+def read_export(folder: str, named: Named = NOTHING_NAMED) -> TrainedAgent:
     """An export folder as a TrainedAgent: no pickle is read, only JSON and safetensors."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -180,7 +242,10 @@ def read_export(folder: str) -> TrainedAgent:
         raise AgentLoadError(f"The export folder {folder} lacks {' and '.join(missing)}; export the agent again.")
     try:
         with open(os.path.join(folder, CONFIG_FILE)) as fh:
-            cfg = config_from_saved(json.load(fh))
+            saved = json.load(fh)
+        if not isinstance(saved, dict):
+            raise ValueError(f"it holds a JSON {type(saved).__name__}")
+        cfg = config_from_saved(followed(saved, named, f"The agent in {folder}"))
         spaces = space_from_json(info["observation_space"]), space_from_json(info["action_space"])
     except ConfigError as err:  # the modules that registered its env or model (--modules) are not here
         raise AgentLoadError(f"The agent in {folder} was trained with an env or model of its own, and {err}") \

@@ -172,12 +172,16 @@ def _copy_lines(stream, to, keep: Optional[collections.deque]) -> None:
 
 
 def load_policy(source: Union[str, os.PathLike], *, train_dir: str = "train_dir", checkpoint: str = "latest",
-                policy: int = 0, deterministic: bool = False, device: str = "cpu") -> "Policy":
+                policy: int = 0, deterministic: bool = False, device: str = "cpu", modules: str = "",
+                doom_scenario: str = "") -> "Policy":
     """A trained agent as a callable Policy: `source` is an export folder (python -m
     fastrl.export), an experiment folder, or an experiment's name under `train_dir`.
     checkpoint: 'latest', 'best' or a checkpoint's path (experiments only); policy: which
-    one of a --num_policies run. Raises AgentLoadError, in one sentence, if there is none."""
-    from fastrl.agent import load_agent
+    one of a --num_policies run. modules, doom_scenario: the code and scenario file its
+    config names, which are imported or opened only when named here (or already imported).
+    Raises AgentLoadError, in one sentence, if there is none or it names what was not given."""
+    from fastrl.agent import Named, load_agent
     from fastrl.policy import Policy
 
-    return Policy(load_agent(source, train_dir, checkpoint, policy), deterministic=deterministic, device=device)
+    agent = load_agent(source, train_dir, checkpoint, policy, Named(modules, doom_scenario))
+    return Policy(agent, deterministic=deterministic, device=device)

@@ -17,7 +17,15 @@ from typing import NamedTuple, Optional
 import torch
 from tqdm import tqdm
 
-from fastrl.agent import AgentLoadError, is_export, load_experiment_config, read_export, select_checkpoint
+from fastrl.agent import (
+    AgentLoadError,
+    Named,
+    is_export,
+    load_experiment_config,
+    naming,
+    read_export,
+    select_checkpoint,
+)
 from fastrl.algo.model import build_model, obs_to_tensors
 from fastrl.config import Config, OneLineParser, env_failure, env_options
 from fastrl.plumbing.files import cannot_write
@@ -51,6 +59,12 @@ def build_parser(env_required: bool = True) -> argparse.ArgumentParser:
                         help="Which policy to play, in an experiment trained with --num_policies (0 to N-1).")
     parser.add_argument("--deterministic", action="store_true", help="Take the most likely action instead of sampling.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the first episode; episode i uses seed + i.")
+    parser.add_argument("--modules", default="",
+                        help="Modules or .py files registering the agent's env or model: a saved config's are "
+                             "imported only when named here.")
+    parser.add_argument("--doom_scenario", default="", metavar="PATH.cfg",
+                        help="The ViZDoom scenario the agent was trained on: a saved config's is opened only when "
+                             "named here.")
     return parser
 
 
@@ -140,18 +154,22 @@ class Playable(NamedTuple):
     env_frames: int
 
 
+def _named(args) -> Named:
+    return naming(args.modules, args.env)._replace(doom_scenario=args.doom_scenario)
+
+
 def load_playable(args) -> Playable:
     """The experiment's checkpoint, or with --from the export's weights."""
     if args.from_dir:
         if not is_export(args.from_dir):
             raise EnjoyError(f"--from {args.from_dir} is not an export folder (it has no export.json); give a folder "
                              "python -m fastrl.export wrote, or play an experiment with --env and --experiment.")
-        agent = read_export(args.from_dir)
+        agent = read_export(args.from_dir, _named(args))
         info = agent.info
         return Playable(agent.cfg, agent.weights, args.from_dir, info.get("policy_version") or "?",
                         info.get("env_frames") or 0)
     experiment_dir = os.path.join(args.train_dir, args.experiment or args.env)
-    cfg = load_experiment_config(experiment_dir)
+    cfg = load_experiment_config(experiment_dir, _named(args))
     # The folder the user named, not the saved config's (it may have moved).
     cfg = dataclasses.replace(cfg, train_dir=args.train_dir, experiment=args.experiment or args.env)
     state, ckpt_path = select_checkpoint(cfg, args.checkpoint, args.policy)

@@ -26,6 +26,7 @@ from fastrl.agent import (
     EXPORT_INFO,
     WEIGHTS_FILE,
     AgentLoadError,
+    Named,
     TrainedAgent,
     experiment_folder,
     is_export,
@@ -70,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo_id", default="", metavar="USER/NAME",
                         help="The model hub repository it will be uploaded to, for the model card's download line.")
     parser.add_argument("--force", action="store_true", help="Replace an earlier export already in --out.")
+    parser.add_argument("--modules", default="",
+                        help="Modules or .py files registering the run's env or model: a saved config's are "
+                             "imported only when named here.")
+    parser.add_argument("--doom_scenario", default="", metavar="PATH.cfg",
+                        help="The ViZDoom scenario the run trained on: a saved config's is opened only when named "
+                             "here.")
     return parser
 
 
@@ -96,7 +103,7 @@ def export(args) -> str:
     check_out(args.out, args.force)
     folder = experiment_folder(args.experiment, args.train_dir)
     try:
-        agent = read_experiment(folder, args.checkpoint, args.policy)
+        agent = read_experiment(folder, args.checkpoint, args.policy, Named(args.modules, args.doom_scenario))
     except AgentLoadError as err:
         raise ExportError(str(err)) from None
     parent = os.path.dirname(os.path.abspath(args.out))

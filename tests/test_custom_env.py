@@ -51,9 +51,15 @@ def test_the_example_env_trains_with_its_option_and_plays_from_another_folder(tm
     assert saved["env_option"] == "length=12,length=10"
     assert saved["modules"] == EXAMPLE
     assert _first_layer_inputs(tmp_path, "corridor") == 10  # one-hot of 10 cells
-    # fastrl.enjoy in a fresh process, elsewhere, finds the env through config.json and makes it
-    # with the same option: no episode of a 10-cell corridor is shorter than 9 steps.
-    played = _enjoy(["--env", "corridor", "--train_dir", str(tmp_path)], cwd=tmp_path)
+    # A saved config's code runs only when named: enjoy says which file to name, and runs nothing.
+    refused = _enjoy(["--env", "corridor", "--train_dir", str(tmp_path)], cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"fastrl.enjoy: error: Experiment {tmp_path / 'corridor'} was trained with code of its own ({EXAMPLE}: what "
+        "registered its env or model), which fastrl runs only when you name it; if you trust it, pass --modules "
+        f"{EXAMPLE} (modules= to fastrl.load_policy)."], refused.stderr
+    # Named, fastrl.enjoy in a fresh process, elsewhere, finds the env and makes it with the same
+    # option: no episode of a 10-cell corridor is shorter than 9 steps.
+    played = _enjoy(["--env", "corridor", "--train_dir", str(tmp_path), "--modules", EXAMPLE], cwd=tmp_path)
     assert played.returncode == 0, played.stdout + played.stderr
     lengths = [int(line.rsplit("length ", 1)[1]) for line in played.stdout.splitlines() if ", length " in line]
     assert len(lengths) == 2 and min(lengths) >= 9, played.stdout
@@ -71,7 +77,11 @@ def test_module_name_and_module_factory_train_from_the_command_line(tmp_path):
     assert (saved["env"], saved["model"], saved["env_option"]) == (env, model, "length=6")
     assert _first_layer_inputs(tmp_path, "cli") == 6
     assert any(key.startswith("encoders.0.net.blocks.") for key in _trained_weights(tmp_path, "cli"))
-    played = _enjoy(["--env", env, "--experiment", "cli", "--train_dir", str(tmp_path)], cwd=REPO)
+    # --env names the env's module; the model's must be named too, as it is code the config asks for.
+    refused = _enjoy(["--env", env, "--experiment", "cli", "--train_dir", str(tmp_path)], cwd=REPO)
+    assert refused.returncode == 2 and "pass --modules examples.custom_model (" in refused.stderr, refused.stderr
+    played = _enjoy(["--env", env, "--experiment", "cli", "--train_dir", str(tmp_path),
+                     "--modules", "examples.custom_model"], cwd=REPO)
     assert played.returncode == 0, played.stdout + played.stderr
 
 

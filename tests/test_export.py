@@ -181,3 +181,40 @@ def test_an_export_carries_every_kind_of_space_fastrl_trains_on():
     for space in spaces:
         assert space_from_json(json.loads(json.dumps(space_to_json(space)))) == space
     assert space_to_json(spaces[2])["low"] == 0  # a uniform bound is one number, not 192 of them
+
+
+def test_a_handed_over_agent_runs_no_code_its_config_asks_for_unless_named(tmp_path):
+    # An export whose config.json names a module of its own (a planted one: it leaves a marker when imported).
+    cfg = _trained_looking_experiment(str(tmp_path / "train"))
+    out = str(tmp_path / "handed_over")
+    assert _run("fastrl.export", "tiny", "--train_dir", cfg.train_dir, "--out", out, "--no_video").returncode == 0
+    marker = tmp_path / "it ran"
+    planted = tmp_path / "planted.py"
+    planted.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with open(os.path.join(out, "config.json")) as fh:
+        saved = json.load(fh)
+    with open(os.path.join(out, "config.json"), "w") as fh:
+        json.dump({**saved, "modules": str(planted)}, fh)
+    for refused in (_run("fastrl.enjoy", "--from", out, "--episodes", "1"),
+                    _run("fastrl.enjoy", "--env", ENV, "--train_dir", str(tmp_path), "--experiment", "handed_over")):
+        assert refused.returncode == 2 and f"pass --modules {planted} (" in refused.stderr, refused.stderr
+    script = (f"import fastrl\ntry:\n    fastrl.load_policy({out!r})\nexcept fastrl.AgentLoadError as err:\n"
+              f"    print(err)\n")
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "which fastrl runs only when you name it" in loaded.stdout, loaded.stdout + loaded.stderr
+    assert not marker.exists()
+    # Named by the user, it is theirs to run.
+    named = _run("fastrl.enjoy", "--from", out, "--episodes", "1", "--modules", str(planted))
+    assert named.returncode == 0, named.stderr
+    assert marker.exists()
+
+
+def test_a_scenario_file_a_config_names_is_opened_only_when_named(tmp_path):
+    from fastrl.agent import AgentLoadError, Named, followed
+
+    saved = {"env": "doom_custom", "doom_scenario": "/elsewhere/handed_over.cfg"}
+    with pytest.raises(AgentLoadError, match="plays the ViZDoom scenario /elsewhere/handed_over.cfg its config names, "
+                                             "which fastrl opens only when you name it; if you trust it, pass "
+                                             "--doom_scenario /elsewhere/handed_over.cfg"):
+        followed(saved, Named(), "The agent in x")
+    assert followed(saved, Named(doom_scenario="/elsewhere/handed_over.cfg"), "x") == saved
