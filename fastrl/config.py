@@ -349,8 +349,8 @@ class Config:
                                                   "exit).", common=True)
     keep_checkpoints: int = _opt(3, "How many of the newest checkpoints to keep.")
     status_every_seconds: float = _opt(5.0, "Seconds between console status lines.", common=True)
-    worker_timeout_seconds: float = _opt(60.0, "A rollout or policy worker silent this long is killed and restarted; "
-                                               "so is a process holding a queue's lock that long.",
+    worker_timeout_seconds: float = _opt(60.0, "A worker, learner (or 10 of its steps) or queue-lock holder silent "
+                                               "this long is killed; workers restart.",
                                          why="A restarted rollout worker gets fresh envs. A lock held that long means its holder hung inside a queue call, which "
                                              "would stall every process using that queue.")
     max_worker_restarts: int = _opt(5, "A worker killed or hung more often than this within 10 minutes stops the run, "
