@@ -32,6 +32,8 @@ from typing import Callable, Mapping, NamedTuple
 
 import gymnasium
 
+from fastrl.registering import calling_module, file_of, import_users_module, one_line, same_module
+
 
 class UnknownEnvError(ValueError):
     """The env name is neither a fastrl env nor a registered gymnasium id."""
@@ -173,20 +175,10 @@ def import_user_module(reference: str) -> None:
     module beside its folder (as `python FILE` would see its neighbours) unless that file already ran
     here (as the main script). Raises ImportError with one sentence saying what to do."""
     if not reference.endswith(".py"):
-        try:
-            importlib.import_module(reference)
-        except ModuleNotFoundError as err:
-            if f"{reference}.".startswith(f"{err.name}."):
-                raise ImportError(f"module {reference!r} cannot be imported ({err}); put its folder on "
-                                  "PYTHONPATH.") from None
-            raise ImportError(f"module {reference!r} failed to import ({describe_error(err)}); "
-                              "install what it needs.") from None
-        except Exception as err:  # noqa: BLE001 - the user's module failed on import, however it did
-            raise ImportError(f"module {reference!r} failed to import ({describe_error(err)}); "
-                              "fix that module.") from None
+        import_users_module(reference)
         return
     path = os.path.realpath(reference)
-    if any(_file_of(module) == path for module in list(sys.modules.values())):
+    if any(file_of(module) == path for module in list(sys.modules.values())):
         return
     if not os.path.isfile(path):
         raise ImportError(f"the file {reference} is gone; put it back or name its module instead.")
@@ -208,24 +200,19 @@ def import_user_module(reference: str) -> None:
 _FILE_MODULE = "fastrl_user_"
 
 
-def _file_of(module) -> str:
-    path = getattr(module, "__file__", None)
-    return os.path.realpath(path) if path else ""
-
-
 def module_reference(module_name: str) -> str:
     """How another process imports the module now loaded as `module_name`: its name, or for a
     script run as the main module or a file --modules named, its path; "" where no file backs it
     (an interactive interpreter, a notebook)."""
     module = sys.modules.get(module_name)
     if module_name.startswith(_FILE_MODULE):
-        return _file_of(module)
+        return file_of(module)
     if module_name not in ("__main__", "__mp_main__"):
         return module_name
     spec = getattr(module, "__spec__", None)
     if spec is not None and spec.name not in ("__main__", "__mp_main__"):  # python -m package.module
         return spec.name
-    return _file_of(module)
+    return file_of(module)
 
 
 # Envs registered with register_env in this process, by name.
@@ -251,7 +238,7 @@ def register_env(name: str, make_fn: Callable[..., gymnasium.Env], frameskip: in
     import it to find the env. The same module registering a name again replaces it; a name that
     fastrl, gymnasium or another module has raises EnvRegistrationError.
     """
-    origin = _calling_module()
+    origin = calling_module()
     _check_name(name, origin)
     if not callable(make_fn):
         raise EnvRegistrationError(f"register_env({name!r}, ...) needs a callable that makes the env, "
@@ -290,26 +277,6 @@ def registered_env_names() -> list:
     return sorted(_REGISTERED)
 
 
-def _calling_module() -> str:
-    """The module that called into fastrl: the first frame up the stack outside fastrl."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module != "fastrl" and not module.startswith("fastrl."):
-            return module
-        frame = frame.f_back
-    return ""
-
-
-def _same_module(a: str, b: str) -> bool:
-    """Whether two module names are one module's source: the main script runs again as
-    __mp_main__ in worker processes, or under another name when imported by its path."""
-    if a == b:
-        return True
-    file_a, file_b = (_file_of(sys.modules.get(m)) for m in (a, b))
-    return bool(file_a) and file_a == file_b
-
-
 def _check_name(name, origin: str) -> None:
     if not isinstance(name, str) or not _ENV_NAME.match(name):
         raise EnvRegistrationError(f"register_env: the name {name!r} must be letters, digits, '_', '.' or '-', "
@@ -320,7 +287,7 @@ def _check_name(name, origin: str) -> None:
         taken = "a fastrl Doom or Atari name: those prefixes belong to fastrl's own envs"
     elif name in gymnasium.registry:
         taken = "a gymnasium id"
-    elif name in _REGISTERED and not _same_module(_REGISTERED[name].origin, origin):
+    elif name in _REGISTERED and not same_module(_REGISTERED[name].origin, origin):
         taken = f"already registered by {_REGISTERED[name].origin}"
     else:
         return
@@ -424,5 +391,4 @@ def _unknown_message(name: str) -> str:
 
 def describe_error(err: BaseException) -> str:
     """An env's exception in one line: its type and its message's first line."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return one_line(err)

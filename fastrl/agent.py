@@ -71,6 +71,16 @@ def _module_of(reference) -> list:
     return [str(reference).rsplit(":", 1)[0]] if reference and ":" in str(reference) else []
 
 
+def add_naming_options(parser) -> None:
+    """--modules and --doom_scenario, for the commands that load a saved agent (enjoy, export)."""
+    parser.add_argument("--modules", default="",
+                        help="Modules or .py files registering the agent's env or model: a saved config's are "
+                             "imported only when named here.")
+    parser.add_argument("--doom_scenario", default="", metavar="PATH.cfg",
+                        help="The ViZDoom scenario the agent was trained on: a saved config's is opened only when "
+                             "named here.")
+
+
 def naming(modules: str, env: str = "") -> Named:
     """What a command names: its --modules, and the module of an --env given as module:name."""
     return Named(",".join([*_module_list(modules), *_module_of(env)]))

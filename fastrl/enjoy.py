@@ -20,6 +20,7 @@ from tqdm import tqdm
 from fastrl.agent import (
     AgentLoadError,
     Named,
+    add_naming_options,
     is_export,
     load_experiment_config,
     naming,
@@ -59,12 +60,7 @@ def build_parser(env_required: bool = True) -> argparse.ArgumentParser:
                         help="Which policy to play, in an experiment trained with --num_policies (0 to N-1).")
     parser.add_argument("--deterministic", action="store_true", help="Take the most likely action instead of sampling.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the first episode; episode i uses seed + i.")
-    parser.add_argument("--modules", default="",
-                        help="Modules or .py files registering the agent's env or model: a saved config's are "
-                             "imported only when named here.")
-    parser.add_argument("--doom_scenario", default="", metavar="PATH.cfg",
-                        help="The ViZDoom scenario the agent was trained on: a saved config's is opened only when "
-                             "named here.")
+    add_naming_options(parser)
     return parser
 
 

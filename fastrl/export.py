@@ -28,6 +28,7 @@ from fastrl.agent import (
     AgentLoadError,
     Named,
     TrainedAgent,
+    add_naming_options,
     experiment_folder,
     is_export,
     read_experiment,
@@ -71,12 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo_id", default="", metavar="USER/NAME",
                         help="The model hub repository it will be uploaded to, for the model card's download line.")
     parser.add_argument("--force", action="store_true", help="Replace an earlier export already in --out.")
-    parser.add_argument("--modules", default="",
-                        help="Modules or .py files registering the run's env or model: a saved config's are "
-                             "imported only when named here.")
-    parser.add_argument("--doom_scenario", default="", metavar="PATH.cfg",
-                        help="The ViZDoom scenario the run trained on: a saved config's is opened only when named "
-                             "here.")
+    add_naming_options(parser)
     return parser
 
 

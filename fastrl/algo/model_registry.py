@@ -8,11 +8,10 @@ This module imports no torch, so the command line can check a --model before any
 """
 from __future__ import annotations
 
-import importlib
-import os
 import re
-import sys
 from typing import Callable
+
+from fastrl.registering import calling_module, import_users_module, same_module
 
 
 class ModelError(ValueError):
@@ -30,13 +29,13 @@ def register_model(name: str, builder: Callable) -> None:
     measures it). Register at the top level of a module or script: fastrl's worker processes and
     fastrl.enjoy import it to find the model. The same module registering a name again replaces
     it; a name another module registered raises ModelError."""
-    origin = _calling_module()
+    origin = calling_module()
     if not isinstance(name, str) or not _MODEL_NAME.match(name):
         raise ModelError(f"register_model: the name {name!r} must be letters, digits, '_', '.' or '-', like tiny_cnn.")
     if not callable(builder):
         raise ModelError(f"register_model({name!r}, ...) needs a callable that builds the encoder, "
                          f"not {type(builder).__name__}.")
-    if name in _MODELS and not _same_module(_MODELS[name][1], origin):
+    if name in _MODELS and not same_module(_MODELS[name][1], origin):
         raise ModelError(f"register_model: the model name {name!r} is taken (already registered by "
                          f"{_MODELS[name][1]}); choose another name.")
     _MODELS[name] = (builder, origin)
@@ -57,17 +56,10 @@ def model_builder(name: str) -> Callable:
                          f"fastrl.register_model, or pass module:{name} so that its module is imported.")
     module_name, factory = name.split(":", 1)
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if f"{module_name}.".startswith(f"{err.name}."):
-            raise ModelError(f"Model {name!r}: module {module_name!r} cannot be imported ({err}); put its folder "
-                             "on PYTHONPATH.") from None
-        raise ModelError(f"Model {name!r}: module {module_name!r} failed to import ({_one_line(err)}); install "
-                         "what it needs.") from None
-    except Exception as err:  # noqa: BLE001 - the user's module failed on import, however it did
-        raise ModelError(f"Model {name!r}: module {module_name!r} failed to import ({_one_line(err)}); "
-                         "fix that module.") from None
-    if factory in _MODELS and _same_module(_MODELS[factory][1], module_name):
+        module = import_users_module(module_name)
+    except ImportError as err:
+        raise ModelError(f"Model {name!r}: {err}") from None
+    if factory in _MODELS and same_module(_MODELS[factory][1], module_name):
         return _MODELS[factory][0]
     builder = getattr(module, factory, None)
     if not callable(builder):
@@ -80,28 +72,3 @@ def model_origin(name: str) -> str:
     """The module that registered model `name` in this process; "" for fastrl's own and module:factory,
     whose name says where it is."""
     return _MODELS[name][1] if name in _MODELS else ""
-
-
-def _calling_module() -> str:
-    """The module that called into fastrl: the first frame up the stack outside fastrl."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module != "fastrl" and not module.startswith("fastrl."):
-            return module
-        frame = frame.f_back
-    return ""
-
-
-def _same_module(a: str, b: str) -> bool:
-    """Whether two module names are one source file: a main script runs again as __mp_main__
-    in worker processes, or under another name when imported by its path."""
-    if a == b:
-        return True
-    files = [getattr(sys.modules.get(m), "__file__", None) for m in (a, b)]
-    return files[0] is not None and files[1] is not None and os.path.realpath(files[0]) == os.path.realpath(files[1])
-
-
-def _one_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
