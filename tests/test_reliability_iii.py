@@ -70,6 +70,34 @@ def test_a_second_run_on_an_experiment_is_refused_naming_the_first(tmp_path):
     assert not (tmp_path / "CartPole-v1" / "run.lock").exists()
 
 
+LOCK_THEN_FORK = textwrap.dedent("""
+    import os, sys, time
+    from fastrl.runtime.experiment_lock import ExperimentLock
+
+    lock = ExperimentLock(sys.argv[1])
+    lock.acquire()
+    if os.fork() == 0:  # a child that outlives its parent, as a profile's timing process may
+        for out in (1, 2):  # not holding the test's pipes open
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out)
+        time.sleep(30)
+        os._exit(0)
+    print("locked", flush=True)
+    os._exit(0)  # the parent ends without releasing: the kernel must drop its lock
+""")
+
+
+def test_a_forked_child_that_outlives_the_run_does_not_keep_the_experiment_locked(tmp_path):
+    from fastrl.runtime.experiment_lock import ExperimentLock
+
+    folder = str(tmp_path / "exp")
+    done = subprocess.run([sys.executable, "-c", LOCK_THEN_FORK, folder], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.stdout.strip() == "locked", done.stderr
+    lock = ExperimentLock(folder)
+    lock.acquire()  # the child still lives, holding the parent's file open
+    lock.release()
+
+
 def test_an_experiment_outside_train_dir_is_refused(tmp_path):
     for experiment in ("../elsewhere", str(tmp_path / "elsewhere"), "a/../../elsewhere"):
         run = train([*CARTPOLE, "--train_dir", str(tmp_path / "runs"), "--experiment", experiment], timeout=60)

@@ -1,9 +1,11 @@
 """One run per experiment folder. Two runs on one folder (a double launch, a requeued job)
 would rotate away each other's checkpoints, and a `--restart` would delete the ones the
-other is writing, so a run holds an flock on <experiment>/run.lock from before it reads
+other is writing, so a run holds a lock on <experiment>/run.lock from before it reads
 the folder until it ends. The kernel drops the lock with its holder, even one killed by
 SIGKILL, so a crash never leaves an experiment locked; the file holds the holder's pid,
-for the sentence that refuses a second run.
+for the sentence that refuses a second run. A POSIX record lock (lockf), not flock: a
+forked child (a profile's timing process, say) does not inherit it, so a child that
+outlives the run cannot keep the experiment locked after it.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ class ExperimentLock:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
                 holder = _holder_pid(fd) if err.errno in (errno.EAGAIN, errno.EACCES) else None
                 os.close(fd)
