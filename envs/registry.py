@@ -32,7 +32,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import gymnasium
 
-from fastrl.registering import calling_module, file_of, import_users_module, one_line, same_module
+from fastrl.registering import calling_module, file_of, import_users_module, one_line, ran_here, same_module
 
 
 class UnknownEnvError(ValueError):
@@ -178,7 +178,7 @@ def import_user_module(reference: str) -> None:
         import_users_module(reference)
         return
     path = os.path.realpath(reference)
-    if any(file_of(module) == path for module in list(sys.modules.values())):
+    if ran_here(path):
         return
     if not os.path.isfile(path):
         raise ImportError(f"the file {reference} is gone; put it back or name its module instead.")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
-from fastrl.config import Config, ConfigError, config_from_saved, env_failure, env_options
+from fastrl.config import Config, ConfigError, config_from_saved, env_failure, env_options, module_list
 from fastrl.learning.checkpoint import (
     BEST_NAME,
     CheckpointError,
@@ -24,6 +25,7 @@ from fastrl.learning.checkpoint import (
     load_checkpoint,
     load_latest_checkpoint,
 )
+from fastrl.registering import ran_here
 
 EXPORT_FORMAT = "fastrl-export/1"
 EXPORT_INFO = "export.json"
@@ -54,16 +56,7 @@ def _same_reference(a: str, b: str) -> bool:
 def _already_imported(reference: str) -> bool:
     """Whether this process already ran `reference` (a module name or a .py path): importing it
     again runs no code the user did not."""
-    import sys
-
-    if not reference.endswith(".py"):
-        return reference in sys.modules
-    path = os.path.realpath(reference)
-    return any(os.path.realpath(getattr(m, "__file__", None) or "") == path for m in list(sys.modules.values()))
-
-
-def _module_list(text) -> list:
-    return [m.strip() for m in str(text or "").split(",") if m.strip()]
+    return ran_here(reference) if reference.endswith(".py") else reference in sys.modules
 
 
 def _module_of(reference) -> list:
@@ -83,14 +76,14 @@ def add_naming_options(parser) -> None:
 
 def naming(modules: str, env: str = "") -> Named:
     """What a command names: its --modules, and the module of an --env given as module:name."""
-    return Named(",".join([*_module_list(modules), *_module_of(env)]))
+    return Named(",".join([*module_list(modules), *_module_of(env)]))
 
 
 def followed(saved: dict, named: Named, where: str) -> dict:
     """`saved` (a config.json) once every module and file it names is named by the user too (or
     its module already ran here); AgentLoadError naming what to pass otherwise."""
-    modules = [*_module_list(saved.get("modules")), *_module_of(saved.get("env")), *_module_of(saved.get("model"))]
-    given = _module_list(named.modules)
+    modules = [*module_list(saved.get("modules")), *_module_of(saved.get("env")), *_module_of(saved.get("model"))]
+    given = module_list(named.modules)
     unnamed = [m for m in dict.fromkeys(modules)
                if not any(_same_reference(m, g) for g in given) and not _already_imported(m)]
     if unnamed:
@@ -98,7 +91,7 @@ def followed(saved: dict, named: Named, where: str) -> dict:
                              "or model), which fastrl runs only when you name it; if you trust it, pass --modules "
                              f"{','.join(unnamed)} (modules= to fastrl.load_policy).")
     scenario = str(saved.get("doom_scenario") or "")
-    if scenario and not _same_reference(scenario, named.doom_scenario) and scenario != named.doom_scenario:
+    if scenario and not _same_reference(scenario, named.doom_scenario):
         raise AgentLoadError(f"{where} plays the ViZDoom scenario {scenario} its config names, which fastrl opens only "
                              f"when you name it; if you trust it, pass --doom_scenario {scenario} (doom_scenario= to "
                              "fastrl.load_policy).")

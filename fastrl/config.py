@@ -587,8 +587,9 @@ def check_env_and_options(cfg: Config, writes: bool = True):
     return spec
 
 
-def _module_list(text: str) -> list:
-    return [m.strip() for m in text.split(",") if m.strip()]
+def module_list(text) -> list:
+    """The comma-separated entries of an option such as --modules or --env_option."""
+    return [m.strip() for m in str(text or "").split(",") if m.strip()]
 
 
 def import_modules(cfg: Config) -> None:
@@ -596,7 +597,7 @@ def import_modules(cfg: Config) -> None:
     imported is a ConfigError."""
     from fastrl.envs.registry import import_user_module
 
-    for reference in _module_list(cfg.modules):
+    for reference in module_list(cfg.modules):
         try:
             import_user_module(reference)
         except ImportError as err:
@@ -608,7 +609,7 @@ def _record_modules(cfg: Config, origins: dict) -> None:
     other processes import it."""
     from fastrl.envs.registry import module_reference
 
-    modules = _module_list(cfg.modules)
+    modules = module_list(cfg.modules)
     for what, origin in origins.items():
         if not origin:
             continue
@@ -638,7 +639,7 @@ def env_options(cfg: Config) -> dict:
 def env_option_values(cfg: Config) -> dict:
     """--env_option's pairs as {key: value text}, the last of a repeated key winning."""
     values = {}
-    for pair in _module_list(cfg.env_option):
+    for pair in module_list(cfg.env_option):
         key, equals, value = pair.partition("=")
         if not equals or not key.strip():
             raise ConfigError(f"--env_option {pair!r} must be key=value, like size=7.")

@@ -16,6 +16,12 @@ def file_of(module) -> str:
     return os.path.realpath(path) if path else ""
 
 
+def ran_here(path: str) -> bool:
+    """Whether a module of this process was loaded from the file at `path`."""
+    real = os.path.realpath(path)
+    return any(file_of(module) == real for module in list(sys.modules.values()))
+
+
 def calling_module() -> str:
     """The module that called into fastrl: the first frame up the stack outside fastrl."""
     frame = sys._getframe(1)
