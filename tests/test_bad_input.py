@@ -103,11 +103,11 @@ CASES = [
     Case("train", "newest checkpoint forged to run code", f"{CARTPOLE} --experiment forged", RUNS_CODE),
     Case("train", "every checkpoint damaged", f"{CARTPOLE} --experiment damaged", ALL_DAMAGED),
     Case("train", "checkpoint of another env", "--env CartPole-v0 --train_dir {root}/train --plan off "
-         "--experiment good", "was trained on CartPole-v1, not CartPole-v0"),
-    Case("train", "checkpoint of another model", f"{CARTPOLE} --experiment good --hidden_sizes 32",
+         "--experiment good_env", "was trained on CartPole-v1, not CartPole-v0"),
+    Case("train", "checkpoint of another model", f"{CARTPOLE} --experiment good_model --hidden_sizes 32",
          "does not fit this model"),
     Case("train", "--restart with a plan file that is not JSON (the checkpoints stay)", "--env CartPole-v1 "
-         "--train_dir {root}/train --experiment good --restart --plan {root}/bad_plan.json",
+         "--train_dir {root}/train --experiment good_restart --restart --plan {root}/bad_plan.json",
          "--plan {root}/bad_plan.json is not a readable plan"),
     Case("train", "a plan file edited by hand into a wrong type", "--env CartPole-v1 --train_dir {root}/train "
          "--experiment fresh --plan {root}/typo_plan.json",
@@ -131,7 +131,8 @@ CASES = [
     Case("train", "PBT with one policy", f"{CARTPOLE} --with_pbt true", "--with_pbt true needs a population"),
     Case("train", "envs not shared evenly among policies", f"{CARTPOLE} --num_policies 3 --num_envs_per_worker 16",
          "must be a multiple of the 3 env groups"),
-    Case("train", "resuming with another number of policies", f"{CARTPOLE} --experiment good --num_policies 2",
+    Case("train", "resuming with another number of policies",
+         f"{CARTPOLE} --experiment good_policies --num_policies 2",
          "trained 1 policy; pass --num_policies 1 to resume it"),
     # -- train: several agents in one game
     Case("train", "several agents in a single-player scenario", "--env doom_basic --doom_agents 2 --train_dir "
@@ -228,6 +229,9 @@ def build_scratch(root: str) -> None:
     for name in ("nockpt", "ckptfile"):  # the config of a model the rows' options build
         os.makedirs(os.path.join(train, name), exist_ok=True)
         shutil.copy(os.path.join(good.experiment_dir, "config.json"), os.path.join(train, name, "config.json"))
+    # Rows run two at a time, and a train row locks its experiment: each resuming row has its own copy.
+    for name in ("good_env", "good_model", "good_restart", "good_policies"):
+        make_experiment(train, name)
     forged = make_experiment(train, "forged")
     state = load_checkpoint(os.path.join(checkpoint_dir(forged), "checkpoint_000000000003.pt"))
     forge_checkpoint(FORGED_NEWEST.format(root=root),
