@@ -11,6 +11,7 @@ import types
 
 from fastrl import api
 from fastrl.config import Config, ConfigError, check_env_and_options, parse_args
+from fastrl.plumbing.files import DiskFullError
 from fastrl.plumbing.proc import start_process_server, stop_process_server
 from fastrl.plumbing.timeline import mark
 
@@ -48,6 +49,10 @@ def main(argv=None) -> int:
         stop_process_server()
         print(f"fastrl: error: {err}", file=sys.stderr)
         return 2
+    except DiskFullError as err:  # config.json or plan.json at start-up
+        stop_process_server()
+        print(f"fastrl: error: {err}.", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C before the run loop took over signals: nothing to save yet
         stop_process_server()
         print("fastrl: interrupted during start-up; nothing was trained.", file=sys.stderr)

@@ -1,5 +1,6 @@
 """Monitoring: the scalar mapping, TensorBoard files read back, and W&B offline runs
 read back from the .wandb files they leave on disk."""
+import errno
 import glob
 import json
 import math
@@ -11,6 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fastrl.config import Config, ConfigError
+from fastrl.plumbing.files import DiskFullError
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.runtime.monitor import STATUS_TEXT_EVERY, WANDB_ID_FILE, Monitor, scalars_from
 
@@ -186,6 +188,8 @@ def _read_offline_run_once(wandb_dir: str, run_id: str) -> dict:
             if kind == "run":
                 run.update(project=record.run.project, group=record.run.run_group, tags=list(record.run.tags))
                 run["config"].update({u.key: json.loads(u.value_json) for u in record.run.config.update})
+            elif kind == "exit":
+                run["exit_code"] = record.exit.exit_code
             elif kind == "history":
                 run["history"].append({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
                                        for i in record.history.item})
@@ -270,3 +274,21 @@ def test_a_wandb_run_that_cannot_start_is_one_clear_error(tmp_path, offline_wand
     refused = r"W&B could not start a run \(api_key not configured \(no-tty\)\); run `wandb login`"
     with pytest.raises(ConfigError, match=refused):
         Monitor(_wandb_cfg(), str(tmp_path / "exp"))
+
+
+def test_a_full_disk_under_tensorboard_is_said_once_and_the_wandb_run_still_ends_failed(tmp_path, offline_wandb):
+    exp = str(tmp_path / "exp")
+    mon = Monitor(_wandb_cfg(), exp)
+    mon.log(1000, 1.0, {"train/fps": 1.0})
+
+    def no_space():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    mon._tb.flush = no_space  # as TensorBoard's writer thread reports a write the disk refused
+    with pytest.raises(DiskFullError, match="TensorBoard's event file could not be written, as the disk holding"):
+        mon.log(2000, 2.0, {"train/fps": 2.0})
+    mon.log(3000, 3.0, {"train/fps": 3.0})  # the shutdown's last report: W&B only, no second error
+    mon.close(exit_code=1)
+    run = _read_offline_run(offline_wandb, open(os.path.join(exp, WANDB_ID_FILE)).read().strip())
+    assert [row["env_frames"] for row in run["history"]] == [1000, 2000, 3000]
+    assert run["exit_code"] == 1

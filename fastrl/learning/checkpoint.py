@@ -27,6 +27,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from fastrl.plumbing.files import writing
+
 MAGIC = b"FRLCKPT1"
 _HEADER = struct.Struct("<8sQ32s")
 _NAME_RE = re.compile(r"^checkpoint_(\d{12})\.pt$")
@@ -146,33 +148,63 @@ def _check_state(state) -> dict:
     return state
 
 
-def _atomic_write(path: str, state: dict) -> None:
-    """torch.save `state` to `path` with the checksum header, atomically."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_TMP_PREFIX}{os.getpid()}-", suffix=_TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "w+b") as f:
-            # torch.save streams into the file, so the state is not held twice in RAM;
-            # the digest reads the payload back from the page cache.
-            f.write(b"\0" * _HEADER.size)
-            torch.save(state, f)
-            length = f.tell() - _HEADER.size
-            f.seek(_HEADER.size)
-            digest = hashlib.sha256()
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                digest.update(chunk)
-            f.seek(0)
-            f.write(_HEADER.pack(MAGIC, length, digest.digest()))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # BaseException: a Ctrl-C mid-save must not leave a temp file either.
+class _WriteErrorKept:
+    """A file's writer that keeps the OSError it raised: torch.save turns it into a
+    RuntimeError that no longer says the disk was full."""
+
+    def __init__(self, f):
+        self._f = f
+        self.error: Optional[OSError] = None
+
+    def write(self, data) -> int:
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+            return self._f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _save_into(state: dict, f) -> None:
+    """torch.save into the open file `f`, raising the file's own OSError if a write failed."""
+    writer = _WriteErrorKept(f)
+    try:
+        torch.save(state, writer)
+    except RuntimeError:
+        if writer.error is not None:
+            raise writer.error from None
         raise
+
+
+def _atomic_write(path: str, state: dict) -> None:
+    """torch.save `state` to `path` with the checksum header, atomically; DiskFullError
+    (no temp file left) when the disk is full."""
+    directory = os.path.dirname(path) or "."
+    with writing(path, f"the checkpoint {os.path.basename(path)}"):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_TMP_PREFIX}{os.getpid()}-", suffix=_TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "w+b") as f:
+                # torch.save streams into the file, so the state is not held twice in RAM;
+                # the digest reads the payload back from the page cache.
+                f.write(b"\0" * _HEADER.size)
+                _save_into(state, f)
+                length = f.tell() - _HEADER.size
+                f.seek(_HEADER.size)
+                digest = hashlib.sha256()
+                for chunk in iter(lambda: f.read(_CHUNK), b""):
+                    digest.update(chunk)
+                f.seek(0)
+                f.write(_HEADER.pack(MAGIC, length, digest.digest()))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            # BaseException: a Ctrl-C mid-save must not leave a temp file either.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(directory)
 
 

@@ -4,22 +4,68 @@ can be written, and where fastrl keeps what outlives a run."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
 import tempfile
 from typing import Optional
 
+# A full disk and a spent quota: no retry or restart helps until the user frees space.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A write refused for want of space, said in one sentence naming what could not be
+    written and where. `explained`: a child process reports its sentence, not a traceback."""
+
+    explained = True
+
+    def __init__(self, path: str, what: str, err_no: int = errno.ENOSPC):
+        super().__init__(err_no, os.strerror(err_no), path)
+        self.what = what
+
+    def __str__(self) -> str:
+        folder = os.path.dirname(os.path.abspath(self.filename))
+        return (f"{self.what} could not be written, as the disk holding {folder} is full ({self.strerror}); "
+                "free space there, then run the command again")
+
+    def __reduce__(self):
+        return type(self), (self.filename, self.what, self.errno)
+
+
+@contextlib.contextmanager
+def writing(path: str, what: str):
+    """Turn a full disk met by the block's writes to `path` into a DiskFullError naming `what`."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            raise DiskFullError(path, what, err.errno) from None
+        raise
+
+
+def free_bytes(path: str) -> int:
+    """Bytes this user may still write on the disk holding `path` (its nearest existing folder)."""
+    while not os.path.isdir(path):
+        path = os.path.dirname(path) or "."
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
 
 def write_json(path: str, data, **dump_options) -> None:
     """json.dump `data` into `path` atomically (a temp file named by pid, renamed over
     it). Not fsynced, unlike checkpoints: a power cut may lose the newest of these
-    files, which the next run rewrites, and a run should not wait on the disk."""
+    files, which the next run rewrites, and a run should not wait on the disk.
+    DiskFullError, the old file left as it was, when the disk is full."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, **dump_options)
-        os.replace(tmp, path)
+        with writing(path, os.path.basename(path)):
+            with open(tmp, "w") as fh:
+                json.dump(data, fh, **dump_options)
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

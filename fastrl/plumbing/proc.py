@@ -233,8 +233,9 @@ def init_child(name: str, torch_threads: int) -> None:
 
 def run_child(name: str, torch_threads: int, seed: int | None, error_queue, target, *args) -> None:
     """Entry point of every child: seed torch (None keeps the inherited state), run
-    `target(*args)`, and on an exception send (name, traceback) to the runner and
-    exit non-zero."""
+    `target(*args)`, and on an exception send (name, traceback, sentence) to the runner
+    and exit non-zero. `sentence` is the exception's own text when it is `explained`
+    (a full disk: the traceback would say nothing more), else ""."""
     from fastrl.plumbing.timeline import mark
 
     mark(f"{name} started")
@@ -247,9 +248,10 @@ def run_child(name: str, torch_threads: int, seed: int | None, error_queue, targ
         target(*args)
     except Interrupted:
         pass
-    except BaseException:  # report everything, including SystemExit from deep inside an env
+    except BaseException as err:  # report everything, including SystemExit from deep inside an env
+        sentence = str(err) if getattr(err, "explained", False) else ""
         try:
-            put_many_polling(error_queue, [(name, traceback.format_exc())], 1.0)
+            put_many_polling(error_queue, [(name, traceback.format_exc(), sentence)], 1.0)
         except Exception:
             print(f"fastrl: {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -5,11 +5,14 @@ tested without processes; `Monitor` writes them against env frames.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 from typing import Optional
 
 from fastrl.config import Config, ConfigError
+from fastrl.plumbing.files import NO_SPACE, writing
 from fastrl.plumbing.stats_board import per_second
 
 TB_SUBDIR = "tb"
@@ -94,6 +97,23 @@ def _import_wandb():
     return wandb
 
 
+def _quiet_writer_thread_on_full_disk() -> None:
+    """TensorBoard's writer thread re-raises its write error on the next call, which the Monitor
+    says in one sentence; the thread's own death would print a second, raw traceback."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_full_disk", False):
+        return
+
+    def hook(args):
+        error = args.exc_value
+        if not (isinstance(error, OSError) and error.errno in NO_SPACE
+                and type(args.thread).__module__.startswith("tensorboard")):
+            previous(args)
+
+    hook.quiets_full_disk = True
+    threading.excepthook = hook
+
+
 class NullMonitor:
     """Where a torchrun rank other than 0 logs: nowhere, since rank 0 logs for the run."""
 
@@ -119,8 +139,10 @@ class Monitor:
         # should not pay it.
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(os.path.join(experiment_dir, TB_SUBDIR), purge_step=int(resume_frames))
+        self._tb_dir = os.path.join(experiment_dir, TB_SUBDIR)
+        self._tb = SummaryWriter(self._tb_dir, purge_step=int(resume_frames))
         self._status_lines = 0
+        _quiet_writer_thread_on_full_disk()
 
     @staticmethod
     def _open_wandb(cfg: Config, experiment_dir: str, resume_frames: int):
@@ -163,23 +185,38 @@ class Monitor:
         step = int(env_frames)
         row = dict(scalars)
         row["time/wall_seconds"] = float(wall_seconds)
-        for name, value in row.items():
-            self._tb.add_scalar(name, value, step)
-        if status is not None:
-            if self._status_lines % STATUS_TEXT_EVERY == 0:
-                self._tb.add_text("status", status, step)
-            self._status_lines += 1
-        # Flushed every report (seconds apart), so a killed run loses nothing it printed.
-        self._tb.flush()
-        if self._wandb_run is not None:
-            if status is not None:
-                row["status"] = status
-            row["env_frames"] = step
-            self._wandb_run.log(row)
+        if self._wandb_run is not None:  # first: a full disk under TensorBoard keeps this row in W&B
+            self._wandb_run.log({**row, **({"status": status} if status is not None else {}), "env_frames": step})
+        if self._tb is not None:
+            self._log_tensorboard(row, step, status)
+
+    def _log_tensorboard(self, row: dict, step: int, status: Optional[str]) -> None:
+        """DiskFullError when the event file's disk is full; TensorBoard is dropped then, so that
+        the shutdown's last reports (W&B's included) go on without it."""
+        try:
+            with writing(self._tb_dir, "TensorBoard's event file"):
+                for name, value in row.items():
+                    self._tb.add_scalar(name, value, step)
+                if status is not None:
+                    if self._status_lines % STATUS_TEXT_EVERY == 0:
+                        self._tb.add_text("status", status, step)
+                    self._status_lines += 1
+                # Flushed every report (seconds apart), so a killed run loses nothing it printed.
+                self._tb.flush()
+        except OSError:
+            with contextlib.suppress(Exception):
+                self._tb.close()
+            self._tb = None
+            raise
 
     def close(self, exit_code: int = 0) -> None:
         """Flush and close everything; a non-zero exit_code marks the W&B run failed."""
-        self._tb.close()
-        if self._wandb_run is not None:
-            self._wandb_run.finish(exit_code=exit_code)
-            self._wandb_run = None
+        tb, self._tb = self._tb, None
+        try:
+            if tb is not None:
+                with writing(self._tb_dir, "TensorBoard's event file"):
+                    tb.close()
+        finally:
+            if self._wandb_run is not None:
+                self._wandb_run.finish(exit_code=exit_code)
+                self._wandb_run = None

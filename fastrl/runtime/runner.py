@@ -5,6 +5,7 @@ run's summed counters (`SharedContext.totals`). Rank 0 reports for the run; the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import gc
 import json
@@ -60,10 +61,10 @@ from fastrl.learning.compiled import COMPILE_KEY, COMPILE_STARTED_KEY, COMPILE_S
 from fastrl.learning.drift import DriftWatch
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.learning.learner import ALLOCATOR_KEY, BAD_BATCHES_KEY, WEIGHTS_KEY, LearnerStart, learner_main
-from fastrl.plumbing import machine_load, shm_space
+from fastrl.plumbing import disk_space, machine_load, shm_space
 from fastrl.plumbing.buffers import HeldBuffers, TrajectoryBuffers
 from fastrl.plumbing.context import SharedContext
-from fastrl.plumbing.files import write_json
+from fastrl.plumbing.files import DiskFullError, write_json
 from fastrl.plumbing.hyper import SharedHyper
 from fastrl.plumbing.params import SharedParams, StopFlag
 from fastrl.plumbing.proc import (
@@ -100,6 +101,9 @@ LEARNER_JOIN_TIMEOUT_S = 60.0  # it may be writing the final checkpoint of a lar
 # How long a run that ended normally waits for the evaluation due at its end before abandoning it.
 EVAL_FINISH_TIMEOUT_S = 60.0
 POLL_S = 0.05
+# How often the experiment's disk is checked for the room to end well: a statvfs, and a disk
+# fills over minutes, not within a second.
+DISK_CHECK_EVERY_S = 1.0
 MAX_TRAINED_MARKS = 4096  # reports kept for the steady trained rate; past it, every other one
 # A learner's statistics shown per policy beside the run's (policy 0's) full set.
 POLICY_STATS = ("entropy", "approx_kl", "explained_variance", "lr")
@@ -143,14 +147,19 @@ def longest_stall(marks: List[TrainedMark]) -> float:
 
 class Failure(NamedTuple):
     """What ended a run: the child's name, why in one clause ("was killed by SIGKILL",
-    "raised ValueError: ..."), and the text to print, traceback included."""
+    "raised ValueError: ..."), the text to print, traceback included, and whether a
+    restart (--max_restarts) could help: not when the disk is full."""
     who: str
     cause: str
     text: str
+    restartable: bool = True
 
 
-def _child_failure(name: str, tb: str) -> Failure:
-    """The Failure of a child that sent its traceback: its cause is the traceback's last line."""
+def _child_failure(name: str, tb: str, sentence: str = "") -> Failure:
+    """The Failure of a child that sent its traceback: its cause is the traceback's last line,
+    or the exception's own sentence where it has one (plumbing.proc.run_child), printed alone."""
+    if sentence:
+        return Failure(name, f"stopped: {sentence}", f"{name}: {sentence}.", restartable=False)
     last = next((line.strip() for line in reversed(tb.splitlines()) if line.strip()), "an exception")
     return Failure(name, f"raised {last}", f"{name} failed:\n{tb}")
 
@@ -339,6 +348,11 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
     models = _build_models(cfg, obs_space, action_space, states, paths, seed_obs)
     _check_shared_memory(cfg, obs_space, action_space, models, shm_free, shm_per_env)
     ckpt_root = checkpoint_root(cfg)
+    if rank.main:
+        freed = disk_space.folder_bytes(ckpt_root) if cfg.restart else 0
+        why = disk_space.shortfall_at_start(cfg.experiment_dir, disk_need(cfg, models), freed)
+        if why:
+            raise ConfigError(why)
     if cfg.restart and rank.main and os.path.isdir(ckpt_root):
         shutil.rmtree(ckpt_root)
     defaults = Config(env=cfg.env)
@@ -402,6 +416,11 @@ def _earlier_defaults(cfg: Config, state: Optional[dict], path: Optional[str], e
     older = {k: v for k, v in EARLIER_DEFAULTS.items() if k not in state.get("config", {}) and k not in explicit}
     origins.update(dict.fromkeys(older, "saved run"))
     return dataclasses.replace(cfg, **older)
+
+
+def disk_need(cfg: Config, models: list) -> int:
+    """Bytes the run must be able to write to its experiment's disk before it ends (plumbing.disk_space)."""
+    return disk_space.bytes_needed(models, evaluates=cfg.eval_every_frames > 0)
 
 
 def _check_shared_memory(cfg: Config, obs_space, action_space, models: list, free, per_env: int) -> None:
@@ -543,6 +562,8 @@ class Runner:
         if self.plan is not None and rank.main:
             planner.save(self.plan, cfg.experiment_dir)
             self.say(planner.describe(self.plan, self.spec.frameskip))
+        if self.resume_path is not None and not self.earlier.learner_restarts:  # a restart says where itself
+            self.say(f"resuming from {self.resume_path} ({int(state.get('env_frames', 0)):,} env frames)")
         self.device = resolve_device(cfg)
         if rank.distributed and self.device == "cuda":  # a GPU of its own for each rank, where there are enough
             self.device = f"cuda:{rank.local_rank % torch.cuda.device_count()}"
@@ -551,6 +572,7 @@ class Runner:
         self.mp = start_process_server()  # torch.multiprocessing is imported: tensors pickle as shared memory
         self.adapt = cfg.adapt and "learner_threads" not in (explicit or set())
         self.adapter = ThreadAdapter(None, cfg.num_workers, usable_cores(), cfg.learner_threads or cfg.torch_threads)
+        self.disk_need = disk_need(cfg, models)
         self.ctx = self._build_context(models)
         mark("shared context built")
         self.adapter.board = self.ctx.board
@@ -566,6 +588,8 @@ class Runner:
         self.population = PopulationDriver(cfg, self.ctx.hyper, self.say) if cfg.with_pbt and self.learn else None
         self.episodes = self.earlier.episodes
         self.learner_death: Optional[str] = None  # which learner died and why, when that ended this run
+        self._said_disk_full: set = set()  # full-disk sentences said, each once
+        self._disk_checked_at = 0.0
         self.reached_reward_at: Optional[float] = None
         # The mean that crossed --stop_at_reward, which episodes ending during shutdown still move.
         self.reached_reward_mean: Optional[float] = None
@@ -976,21 +1000,54 @@ class Runner:
             signum = getattr(stop, "signum", signal.SIGINT)
             reason = f"stopped by {signal.Signals(signum).name}"
             exit_code = 128 + int(signum)
+        except DiskFullError as err:  # TensorBoard's writes: the checkpoints' disk is full too
+            exit_code, reason = self._say_disk_full(err, 0), "stopped, as the disk is full"
         finally:
             if self.training_since is not None:
                 self._stopped_at = self._mark_now()  # the shutdown that follows trains nothing: not measured
             signals.during_shutdown(self.eval_abandon.set)  # Ctrl-C skips the last evaluation, nothing else
             killed = self.stop_children(finish_evaluation=reason is not None and exit_code == 0)
-            self._drain(start, monitor)
-            if self.rank.main and math.isfinite(self.mean_return()):
-                # Episodes the last drain brought end the curve too: a short run may have had no report with one.
-                last = {"train/return_mean_100": self.mean_return(), "train/episodes": float(self.count("episodes"))}
-                monitor.log(self.env_frames() + self.frames_offset, time.time() - start, last)
+            exit_code = self._say_late_failures(exit_code)
+            try:
+                self._drain(start, monitor)
+                if self.rank.main and math.isfinite(self.mean_return()):
+                    # Episodes the last drain brought end the curve too: a short run may have had no report.
+                    last = {"train/return_mean_100": self.mean_return(),
+                            "train/episodes": float(self.count("episodes"))}
+                    monitor.log(self.env_frames() + self.frames_offset, time.time() - start, last)
+            except DiskFullError as err:
+                exit_code = self._say_disk_full(err, exit_code)
             locks.stop()
             signals.restore()
-            monitor.close(exit_code)
-        self._finish(time.time() - start, reason, killed, failed=0 < exit_code < 128)
-        return exit_code
+            try:
+                monitor.close(exit_code)
+            except DiskFullError as err:
+                exit_code = self._say_disk_full(err, exit_code)
+        return self._finish(time.time() - start, reason, killed, exit_code)
+
+    def _say_disk_full(self, err: DiskFullError, exit_code: int) -> int:
+        """Say once that a write found the disk full; the run's exit code from here on (1 unless it had one)."""
+        if str(err) not in self._said_disk_full:
+            self._said_disk_full.add(str(err))
+            print(f"{self._tag()}error: {err}.", file=sys.stderr, flush=True)
+        return exit_code or 1
+
+    def _say_late_failures(self, exit_code: int) -> int:
+        """What the children reported as they stopped: a learner's final checkpoint that could not be
+        written is said, and fails a run that would have succeeded; a restart would not help it."""
+        while True:
+            try:
+                name, tb, sentence = self.error_queue.get(block=False)
+            except queue.Empty:
+                return exit_code
+            if sentence:
+                if sentence not in self._said_disk_full:
+                    self._said_disk_full.add(sentence)
+                    print(f"{self._tag()}error: {name}: {sentence}.", file=sys.stderr, flush=True)
+                exit_code = exit_code or 1
+            elif is_learner(name):
+                print(f"{self._tag()}{name} failed as it stopped:\n{tb.rstrip()}", file=sys.stderr, flush=True)
+                exit_code = exit_code or 1
 
     def _poll(self, start: float, monitor, observer) -> Optional[tuple]:
         """One look at the run: take in what the children sent, check on them, report
@@ -1002,10 +1059,16 @@ class Runner:
         if self.ctx.totals is not None and self.ctx.totals.stop_requested():
             # Checked before the children: the learner leaves once the ranks agreed to stop.
             return 0, "the ranks agreed to stop (another rank's budget, goal, signal or failure)"
+        if self.rank.main and time.time() - self._disk_checked_at >= DISK_CHECK_EVERY_S:
+            self._disk_checked_at = time.time()
+            short = disk_space.shortfall_now(self.cfg.experiment_dir, self.disk_need)
+            if short:
+                print(f"{self._tag()}error: {short}.", file=sys.stderr, flush=True)
+                return 1, "stopped, as the disk is nearly full"
         failure = self._check_children()
         if failure:
             then = "stopping the run"
-            if is_learner(failure.who):
+            if is_learner(failure.who) and failure.restartable:
                 who = "the learner" if self.cfg.num_policies == 1 else failure.who
                 self.learner_death = f"{who} {failure.cause}"
                 if self.restarts_left() > 0:
@@ -1061,11 +1124,19 @@ class Runner:
             self.say(change)
             monitor.log(frames, elapsed, {"plan/learner_threads": float(self.adapter.threads)}, status=change)
 
-    def _finish(self, wall: float, reason: str, killed: list, failed: bool) -> None:
+    def _finish(self, wall: float, reason: str, killed: list, exit_code: int) -> int:
         """After the shutdown: summary.json and the closing lines (rank 0), and, but
-        for a failed run, the rate it trained at for the next run's plan."""
+        for a failed run, the rate it trained at for the next run's plan. Returns the
+        run's exit code: 1 for a summary that the full disk kept from being written."""
+        failed = 0 < exit_code < 128
         if self.rank.main:
-            self.write_summary(wall)
+            try:
+                self.write_summary(wall)
+            except DiskFullError as err:
+                exit_code = self._say_disk_full(err, exit_code)
+                # An earlier run's summary would pass for this run's.
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.cfg.experiment_dir, "summary.json"))
             self.say(f"{reason}; {self.env_frames() + self.frames_offset:,} env frames in {wall:.1f} s"
                      f" ({per_second(self.env_frames(), wall):,.0f} fps), mean return(100) {self.mean_return():.2f}")
             trained = self.steady_trained_steps_per_s()
@@ -1081,6 +1152,7 @@ class Runner:
                       "please report this as a fastrl bug.", file=sys.stderr, flush=True)
         if killed:
             print(f"{self._tag()}had to kill {', '.join(killed)} after they ignored the stop request.", file=sys.stderr)
+        return exit_code
 
     def _mark_now(self) -> TrainedMark:
         return TrainedMark(time.time(), self.ctx.board.total("samples_trained", "learner"), machine_load.sample())
