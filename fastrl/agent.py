@@ -21,6 +21,7 @@ from fastrl.learning.checkpoint import (
     BEST_NAME,
     CheckpointError,
     RefusedCheckpointError,
+    UnsafeTorchError,
     checkpoint_dir,
     load_checkpoint,
     load_latest_checkpoint,
@@ -168,6 +169,8 @@ def select_checkpoint(cfg: Config, which: str, policy: int = 0) -> tuple:
     if which == "latest":
         try:
             state, path = load_latest_checkpoint(ckpt_dir)
+        except UnsafeTorchError as err:
+            raise AgentLoadError(str(err)) from None
         except RefusedCheckpointError as err:
             raise AgentLoadError(f"{err}; fastrl writes no such file, so delete it or pass --checkpoint PATH.") \
                 from None
@@ -183,6 +186,8 @@ def select_checkpoint(cfg: Config, which: str, policy: int = 0) -> tuple:
                              "evaluation during training (--eval_every_frames), or use --checkpoint latest.")
     try:
         return load_checkpoint(path), path
+    except UnsafeTorchError as err:
+        raise AgentLoadError(str(err)) from None
     except CheckpointError as err:
         raise AgentLoadError(f"{err}; pass --checkpoint latest, best or the path of another checkpoint.") from None
 

@@ -20,6 +20,7 @@ from fastrl.learning import checkpoint as ckpt
 from fastrl.learning.checkpoint import (
     CheckpointError,
     RefusedCheckpointError,
+    UnsafeTorchError,
     load_checkpoint,
     load_latest_checkpoint,
     save_best,
@@ -202,6 +203,22 @@ def test_failure_mid_save_leaves_no_temp_file(tmp_path, monkeypatch, failing):
 
     assert _names(tmp_path) == [os.path.basename(previous)]
     assert load_latest_checkpoint(str(tmp_path))[0]["step"] == 1
+
+
+@pytest.mark.parametrize("version", ["2.5.1+cpu", "2.4.0"])
+def test_no_checkpoint_is_opened_under_a_torch_whose_weights_only_loading_can_run_code(tmp_path, monkeypatch,
+                                                                                      version):
+    path = save_checkpoint(str(tmp_path), _state(1), 1, keep=1)
+    monkeypatch.setattr(ckpt.torch, "__version__", version)
+    sentence = (f"torch {version} can run code hidden in a checkpoint as it loads it (fixed in torch 2.6), so "
+                "fastrl opens no checkpoint with it; pip install 'torch>=2.6'.")
+    with pytest.raises(UnsafeTorchError) as raised:
+        load_checkpoint(path)
+    assert str(raised.value) == sentence
+    with pytest.raises(UnsafeTorchError):  # not taken for damage, which would fall back to an older file
+        load_latest_checkpoint(str(tmp_path))
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
 
 
 def test_stale_temp_file_from_killed_writer_is_removed(tmp_path):

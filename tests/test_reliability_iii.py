@@ -261,3 +261,21 @@ def test_a_slow_learner_is_given_ten_of_its_steps():
     row.add("samples_received", 3 * runner.cfg.batch_size)
     row.add("busy_s", 90.0)
     assert supervisor.learner_timeout(0) == 300.0
+
+
+@pytest.mark.parametrize("command", ["train", "enjoy"])
+def test_under_an_old_torch_no_checkpoint_is_opened_and_the_user_is_told_how_to_upgrade(tmp_path, command):
+    from helpers import make_experiment
+
+    make_experiment(str(tmp_path), "handed_over")
+    # As an install with --no-deps would leave it: fastrl beside a torch older than setup.py asks for.
+    code = (f"import sys, torch; torch.__version__ = '2.5.1'; from fastrl.{command} import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    args = ["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--experiment", "handed_over"]
+    done = subprocess.run([sys.executable, "-c", code, *args, *(["--plan", "off"] if command == "train" else [])],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    prefix = "fastrl" if command == "train" else "fastrl.enjoy"
+    assert done.stderr.strip().splitlines() == [
+        f"{prefix}: error: torch 2.5.1 can run code hidden in a checkpoint as it loads it (fixed in torch 2.6), so "
+        "fastrl opens no checkpoint with it; pip install 'torch>=2.6'."], done.stderr

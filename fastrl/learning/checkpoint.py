@@ -66,6 +66,26 @@ class RefusedCheckpointError(CheckpointError):
     code, so it is never skipped silently."""
 
 
+class UnsafeTorchError(RuntimeError):
+    """This torch's weights-only loading can run code a checkpoint hides (torch < 2.6):
+    no checkpoint is opened, whoever wrote it. One sentence, with the fix."""
+
+
+# The first torch whose torch.load(weights_only=True) cannot be made to run code (CVE-2025-32434).
+SAFE_LOADING_TORCH = (2, 6)
+
+
+def check_torch_loads_safely() -> None:
+    """UnsafeTorchError under a torch older than SAFE_LOADING_TORCH: setup.py asks for a newer one,
+    but an install with --no-deps, or a torch replaced after fastrl, keeps the old one."""
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__) < SAFE_LOADING_TORCH:
+        raise UnsafeTorchError(
+            f"torch {torch.__version__} can run code hidden in a checkpoint as it loads it (fixed in torch 2.6), so "
+            "fastrl opens no checkpoint with it; pip install 'torch>=2.6'.")
+
+
 def checkpoint_root(cfg) -> str:
     """<experiment>/checkpoints: every policy's checkpoints live under it."""
     return os.path.join(cfg.experiment_dir, "checkpoints")
@@ -309,7 +329,9 @@ def save_best(ckpt_dir: str, state: dict, score: float) -> str:
 
 def load_checkpoint(path: str) -> dict:
     """Verify and load one checkpoint onto the CPU: CheckpointError if it is missing
-    or damaged, RefusedCheckpointError if intact but not plain data."""
+    or damaged, RefusedCheckpointError if intact but not plain data, UnsafeTorchError
+    under a torch that cannot load it safely."""
+    check_torch_loads_safely()
     payload = _verified_payload(path)
     try:
         # On the CPU so a GPU checkpoint opens anywhere; load_state_dict moves tensors.

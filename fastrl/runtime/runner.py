@@ -53,6 +53,7 @@ from fastrl.learning import pbt
 from fastrl.learning.checkpoint import (
     CheckpointError,
     RefusedCheckpointError,
+    UnsafeTorchError,
     checkpoint_dir,
     checkpoint_root,
     load_latest_checkpoint,
@@ -511,6 +512,8 @@ def _latest_checkpoint(cfg: Config, policy: int):
         return None, None
     try:
         return load_latest_checkpoint(checkpoint_dir(cfg, policy))
+    except UnsafeTorchError as err:
+        raise ConfigError(str(err)) from None
     except RefusedCheckpointError as err:
         raise ConfigError(f"{err}; fastrl writes no such file, so delete it or pass --restart to start over.") from None
     except CheckpointError as err:  # every checkpoint is damaged
