@@ -8,7 +8,7 @@ Sample Factory 2.1.1): time to a target return, and the return at a fixed wall b
         --out DIR --fastrl_extra "--lr 3e-4" --tag lr3e-4      # a variant, added to DIR's table
 
 Install (torch stays the CPU build already here; both fit this machine's pins):
-    pip install stable-baselines3 "gymnasium[box2d]"     # SB3; Box2D for LunarLander
+    pip install stable-baselines3 "gymnasium[box2d,mujoco]"     # SB3; Box2D for LunarLander; MuJoCo
 Sample Factory lives in its own virtualenv (benchmarks/.venv-sf), created and filled on
 the first `--systems ...,sf` by benchmarks/vs_sample_factory.py's helpers.
 
@@ -51,6 +51,10 @@ the curve. Before 100 episodes the mean is over those finished, on every system.
                     every second or two, so one report is a sample of a moving
                     mean that swings by tens; SF's 5-s reports give it 6-7).
   frames            env frames at the last report (agent steps x frameskip: 4 on Doom).
+  return at equal frames  the return(100) of the first report at or past --at_frames
+                    env frames (1M by default): the two systems at equal env steps,
+                    what counts where a step is expensive. The record also keeps
+                    fall_from_best: how far the last report fell below the best one.
 Returns are training-episode returns (with exploration), not a separate evaluation,
 on all systems alike; on Doom they are the game's own score: fastrl's objective(100)
 where its status line has one (a scenario trained on a shaped reward reports the
@@ -103,6 +107,11 @@ TARGETS = {
     # 10M agent steps, far past any budget of minutes here.
     "atari_breakout": 7.0,
     "doom_defend_the_line": None,
+    # MuJoCo locomotion: no agreed "solved"; the goal is a return, SB3's at its zoo budget.
+    "Hopper-v5": None,
+    "Walker2d-v5": None,
+    "Ant-v5": None,
+    "Humanoid-v5": None,
 }
 
 # Where Sample Factory's return comes from, per Doom env, and the factor that turns it
@@ -135,6 +144,9 @@ GRACE_SELF_STOPPING, GRACE_SF = 60.0, 30.0
 
 INSTALL_SB3 = "pip install stable-baselines3"
 INSTALL_BOX2D = 'pip install "gymnasium[box2d]"'
+INSTALL_MUJOCO = 'pip install "gymnasium[mujoco]"'
+MUJOCO_ENVS = ("Hopper", "Walker2d", "Ant", "Humanoid", "HalfCheetah", "Swimmer", "Reacher", "InvertedPendulum",
+               "InvertedDoublePendulum", "Pusher")
 
 # fastrl's status line, "[   12.0s] frames 12,345 | 1,234 fps (env frames/s) | trained 300 samples/s | ...
 # | return(100) 23.45 | episodes 120 ...", and sb3_runner's, which has the same fields less trained and lag.
@@ -236,6 +248,22 @@ def time_to_target(curve: list, target) -> float | None:
 
 def return_at_budget(curve: list) -> float | None:
     return curve[-1][2] if curve else None
+
+
+def return_at_frames(curve: list, frames: int) -> float | None:
+    """The return(100) of the first report at or past `frames` env frames: two systems
+    compared at equal env steps, where a step is what costs (a simulator, a robot).
+    None if the run never got that far."""
+    return next((ret for _, f, ret in curve if f >= frames), None)
+
+
+def fall_from_best(curve: list) -> float | None:
+    """How far the last report's return(100) lies below the best one, as a fraction of
+    the best's distance from the first report's (0: ended at its best); None without two."""
+    returns = [ret for _, _, ret in curve if ret is not None]
+    if len(returns) < 2 or max(returns) == returns[0]:
+        return None
+    return (max(returns) - returns[-1]) / (max(returns) - returns[0])
 
 
 LATE_WINDOW_S = 30.0
@@ -344,6 +372,8 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
         "target": target, "curve": kept,
         "time_to_target": time_to_target(kept, target),
         "return_at_budget": return_at_budget(kept),
+        "at_frames": args.at_frames, "return_at_frames": return_at_frames(kept, args.at_frames),
+        "fall_from_best": fall_from_best(kept),
         "frames": kept[-1][1] if kept else None,
         "reports_past_budget": len(curve) - len(kept),
         "wall_s": round(run.exited - run.launched, 1), "returncode": run.returncode,
@@ -393,8 +423,9 @@ def table(results: list) -> str:
     for r in results:
         groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
     rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
-            f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) "
+            "| return at equal frames (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (env, name, seconds), runs in sorted(groups.items()):
         target = runs[0]["target"]
         if target is None:
@@ -409,8 +440,15 @@ def table(results: list) -> str:
                     f"| {'-' if target is None else f'{target:g}'} | {reached} | {ttt} "
                     f"| {_fmt(_median_or_none(r['return_at_budget'] for r in runs))} "
                     f"| {_fmt(_median_or_none(late_return(r['curve']) for r in runs))} "
-                    f"| {_fmt(_median_or_none(r['frames'] for r in runs))} |")
+                    f"| {_fmt(_median_or_none(r['frames'] for r in runs))} | {_at_frames_cell(runs)} |")
     return "\n".join(rows)
+
+
+def _at_frames_cell(runs: list) -> str:
+    """'2,345 at 1,000,000' (the median return at the runs' --at_frames), or '-'."""
+    at = runs[0].get("at_frames")
+    median = _median_or_none(r.get("return_at_frames") for r in runs) if at else None
+    return "-" if median is None else f"{_fmt(median)} at {at:,}"
 
 
 def headline(runs: list) -> dict:
@@ -429,6 +467,10 @@ def headline(runs: list) -> dict:
             figure[f"{system}_reached"] = f"{sum(t is not None for t in times)}/{len(mine)}"
         at_budget = _median_or_none(r["return_at_budget"] for r in mine)
         figure[f"{system}_return_at_budget"] = None if at_budget is None else round(at_budget, 2)
+        if mine[0].get("at_frames"):
+            at_frames = _median_or_none(r.get("return_at_frames") for r in mine)
+            figure[f"{system}_return_at_{mine[0]['at_frames']:,}_frames"] = (None if at_frames is None
+                                                                             else round(at_frames, 2))
     return figure
 
 
@@ -487,6 +529,8 @@ def preflight(args, plan: list) -> str | None:
         return f"--systems sb3 needs Stable-Baselines3, which is not installed; run: {INSTALL_SB3}"
     if any(env.startswith("LunarLander") for _, env, _ in plan) and importlib.util.find_spec("Box2D") is None:
         return f"LunarLander needs Box2D, which is not installed; run: {INSTALL_BOX2D}"
+    if any(env.split("-")[0] in MUJOCO_ENVS for _, env, _ in plan) and importlib.util.find_spec("mujoco") is None:
+        return f"the MuJoCo envs need mujoco, which is not installed; run: {INSTALL_MUJOCO}"
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib, which is not installed; run: pip install matplotlib"
     return None
@@ -518,6 +562,8 @@ def main(argv=None) -> int:
     p.add_argument("--sb3_past_zoo_budget", action="store_true",
                    help="SB3 trains on past rl-zoo3's n_timesteps until --seconds (sb3_runner.py --past_zoo_budget: "
                         "envs whose zoo settings are constant only), to time a target the zoo's budget ends short of")
+    p.add_argument("--at_frames", type=int, default=1_000_000,
+                   help="also read each run's return(100) at this many env frames (equal env steps)")
     p.add_argument("--plot", action="store_true", help="also draw <out>/<env>.png from the recorded curves")
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]

@@ -3,7 +3,7 @@ reporting the way `fastrl.train` does. The SB3 side of benchmarks/learning_suite
 
     python benchmarks/sb3_runner.py --env CartPole-v1 --seed 0 --seconds 300 --exp_dir /tmp/ls/sb3/CartPole-v1_s0
 
-Install: pip install stable-baselines3 "gymnasium[box2d]"   (box2d only for LunarLander)
+Install: pip install stable-baselines3 "gymnasium[box2d,mujoco]"   (box2d for LunarLander, mujoco for Hopper...)
 
 Every --report_seconds of wall time it prints a status line in fastrl's format,
 
@@ -56,6 +56,34 @@ ZOO_PPO = {
                         ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4),
 }
 
+
+def _zoo_mujoco_policy() -> dict:
+    """policy_kwargs of rl-zoo3's tuned MuJoCo entries (Hopper, Humanoid): two 256-unit ReLU
+    layers for each of actor and critic, no orthogonal init, log-std starting at -2."""
+    from torch import nn
+
+    return dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256]))
+
+
+# The MuJoCo locomotion family, gymnasium's v5 ids with the zoo's v3 entries (the zoo has
+# none for v5; v5 fixed bugs without changing the tasks' scale). `normalize`: the zoo wraps
+# the envs in VecNormalize (observations and rewards, rewards at the algorithm's gamma);
+# `policy_kwargs` is built when used, so that this module imports without torch.nn.
+ZOO_MUJOCO = {
+    "Hopper-v5": dict(normalize=True, n_envs=1, n_timesteps=1_000_000, batch_size=32, n_steps=512, gamma=0.999,
+                      learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2, n_epochs=5, gae_lambda=0.99,
+                      max_grad_norm=0.7, vf_coef=0.835671, policy_kwargs=_zoo_mujoco_policy),
+    "Walker2d-v5": dict(normalize=True, n_envs=1, n_timesteps=1_000_000, batch_size=32, n_steps=512, gamma=0.99,
+                        learning_rate=5.05041e-05, ent_coef=0.000585045, clip_range=0.1, n_epochs=20,
+                        gae_lambda=0.95, max_grad_norm=1.0, vf_coef=0.871923),
+    # The zoo's untuned `mujoco-defaults`: SB3's PPO defaults with normalisation.
+    "Ant-v5": dict(normalize=True, n_envs=1, n_timesteps=1_000_000),
+    "Humanoid-v5": dict(normalize=True, n_envs=1, n_timesteps=10_000_000, batch_size=256, n_steps=512, gamma=0.95,
+                        learning_rate=3.56987e-05, ent_coef=0.00238306, clip_range=0.3, n_epochs=5, gae_lambda=0.9,
+                        max_grad_norm=2.0, vf_coef=0.431892, policy_kwargs=_zoo_mujoco_policy),
+}
+ZOO_PPO.update(ZOO_MUJOCO)
+
 # rl-zoo3's `atari` entry, which it uses for every Atari game, with the game's
 # NoFrameskip-v4 id: ALE's own frameskip off and no sticky actions, SB3's AtariWrapper
 # doing the DQN-era preprocessing (30 no-ops at most, 4-frame skip with a max over the
@@ -71,7 +99,7 @@ PAST_BUDGET_STEPS = 10**12  # --past_zoo_budget's total_timesteps: no run reache
 def scheduled_envs() -> list:
     """The envs whose zoo settings include a schedule (a function of progress)."""
     settings = {**ZOO_PPO, **{name: ZOO_ATARI for name in ATARI_IDS}}
-    return [env for env, zoo in settings.items() if any(callable(v) for v in zoo.values())]
+    return [env for env, zoo in settings.items() if any(callable(v) for k, v in zoo.items() if k != "policy_kwargs")]
 
 
 ATARI_IDS = {"atari_breakout": "BreakoutNoFrameskip-v4", "atari_pong": "PongNoFrameskip-v4"}
@@ -211,7 +239,9 @@ def main(argv=None) -> int:
     threads = args.torch_threads or (torch.get_num_threads() if args.env in ATARI_IDS else 1)
     torch.set_num_threads(threads)
     zoo = dict(ZOO_PPO[args.env])
-    n_envs, n_timesteps = zoo.pop("n_envs"), zoo.pop("n_timesteps")
+    n_envs, n_timesteps, normalize = zoo.pop("n_envs"), zoo.pop("n_timesteps"), zoo.pop("normalize", False)
+    if callable(zoo.get("policy_kwargs")):
+        zoo["policy_kwargs"] = zoo["policy_kwargs"]()
     # DummyVecEnv (the zoo's default too, Atari included): the envs step in this
     # process, one after another. These envs step in microseconds; SubprocVecEnv's
     # pipes would cost more.
@@ -234,6 +264,10 @@ def main(argv=None) -> int:
     else:
         env = make_vec_env(args.env, n_envs=n_envs, seed=args.seed)
         policy, frameskip = "MlpPolicy", 1
+    if normalize:  # outside Monitor, which so records the env's own returns
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        env = VecNormalize(env, gamma=zoo.get("gamma", 0.99))
     # device="cpu": SB3 itself advises against a GPU for PPO with an MLP policy.
     model = PPO(policy, env, seed=args.seed, device="cpu", verbose=0, **zoo)
     reporter = make_reporter(BaseCallback, launched, args.seconds, args.report_seconds,

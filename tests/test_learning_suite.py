@@ -226,3 +226,16 @@ def test_sb3_on_fastrls_atari_env_sees_signed_rewards_and_whole_game_scores():
     # One game over its five lives: a brick is worth 1, 4 or 7 points, each signed to 1.
     assert info["episode"]["l"] == steps and info["episode"]["r"] >= sum(rewards) > 0
     env.close()
+
+
+def test_equal_frames_and_the_fall_from_the_best_are_read_off_the_curve():
+    curve = [[5.0, 400_000, 100.0], [10.0, 900_000, 800.0], [15.0, 1_300_000, 1000.0], [20.0, 2_000_000, 900.0]]
+    assert ls.return_at_frames(curve, 1_000_000) == 1000.0  # the first report at or past it
+    assert ls.return_at_frames(curve, 3_000_000) is None
+    assert ls.fall_from_best(curve) == pytest.approx(100.0 / 900.0)
+    assert ls.fall_from_best(curve[:1]) is None
+    runs = [{**_record("fastrl", seed, None, 900.0, 2_000_000, target=None), "at_frames": 1_000_000,
+             "return_at_frames": ret} for seed, ret in enumerate([1000.0, 700.0, 1200.0])]
+    assert ls.headline(runs)["fastrl_return_at_1,000,000_frames"] == 1000.0
+    row = ls.table(runs).splitlines()[2]
+    assert row.split("|")[11] == " 1,000 at 1,000,000 "
