@@ -58,7 +58,7 @@ ZOO_PPO = {
 
 
 def _zoo_mujoco_policy() -> dict:
-    """policy_kwargs of rl-zoo3's tuned MuJoCo entries (Hopper, Humanoid): two 256-unit ReLU
+    """policy_kwargs of rl-zoo3's tuned MuJoCo entries (Hopper, HalfCheetah, Humanoid): two 256-unit ReLU
     layers for each of actor and critic, no orthogonal init, log-std starting at -2."""
     from torch import nn
 
@@ -76,6 +76,9 @@ ZOO_MUJOCO = {
     "Walker2d-v5": dict(normalize=True, n_envs=1, n_timesteps=1_000_000, batch_size=32, n_steps=512, gamma=0.99,
                         learning_rate=5.05041e-05, ent_coef=0.000585045, clip_range=0.1, n_epochs=20,
                         gae_lambda=0.95, max_grad_norm=1.0, vf_coef=0.871923),
+    "HalfCheetah-v5": dict(normalize=True, n_envs=1, n_timesteps=1_000_000, batch_size=64, n_steps=512, gamma=0.98,
+                           learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1, n_epochs=20,
+                           gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096, policy_kwargs=_zoo_mujoco_policy),
     # The zoo's untuned `mujoco-defaults`: SB3's PPO defaults with normalisation.
     "Ant-v5": dict(normalize=True, n_envs=1, n_timesteps=1_000_000),
     "Humanoid-v5": dict(normalize=True, n_envs=1, n_timesteps=10_000_000, batch_size=256, n_steps=512, gamma=0.95,
