@@ -1,5 +1,9 @@
 """DriftWatch: each warning fires once when its condition starts, again only after it cleared."""
-from fastrl.learning.drift import EV_NEGATIVE_REPORTS, KL_TOO_LARGE_REPORTS, DriftWatch
+import math
+
+import pytest
+
+from fastrl.learning.drift import EV_NEGATIVE_REPORTS, KL_TOO_LARGE_REPORTS, DriftWatch, gaussian_std
 
 
 def test_entropy_collapse_warns_once_then_again_after_recovering():
@@ -52,3 +56,20 @@ def test_no_entropy_warning_under_the_kl_to_uniform_term():
     assert watch.check({"entropy": 0.05}) == []
     assert watch.check({"entropy": 0.05}) == []
     assert "--lr" in _kl_warning(watch)
+
+
+def test_a_gaussians_collapse_is_judged_on_its_std_not_on_a_fraction_of_its_entropy():
+    dims = 3  # Hopper's
+    entropy_at = {std: dims * (0.5 * math.log(2 * math.pi * math.e) + math.log(std)) for std in (1.0, 0.25, 0.05)}
+    assert gaussian_std(entropy_at[0.25], dims) == pytest.approx(0.25)
+    # A std of 0.25 is a healthy policy's, but its entropy is under 10% of the entropy
+    # at std 1, which the discrete rule calls a collapse.
+    discrete_rule = DriftWatch()
+    discrete_rule.check({"entropy": entropy_at[1.0]})
+    assert len(discrete_rule.check({"entropy": entropy_at[0.25]})) == 1
+    watch = DriftWatch(gaussian_dims=dims)
+    assert watch.check({"entropy": entropy_at[1.0]}) == []
+    assert watch.check({"entropy": entropy_at[0.25]}) == []
+    (warning,) = watch.check({"entropy": entropy_at[0.05]})  # negative entropy: the std still reads right
+    assert "noise fell to a std of 0.05, under 10% of its peak 1:" in warning
+    assert "--entropy_coef" in warning and "symmetric_kl" not in warning  # which continuous actions refuse

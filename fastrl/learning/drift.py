@@ -10,6 +10,12 @@ from typing import Dict, List
 # The entropy has fallen to this fraction of the highest value seen in the run: the
 # policy is close to deterministic, and an entropy bonus pulls less the lower it goes.
 ENTROPY_COLLAPSE_FRACTION = 0.1
+# Continuous actions: a Gaussian's entropy has no zero to be a fraction of (it is
+# negative below a std of 0.24, and 10% of its value at std 1 is a std of 0.28, a
+# healthy MuJoCo policy's), so there the actions' noise is judged: its std (geometric
+# mean over the dimensions) fell to this fraction of its peak.
+STD_COLLAPSE_FRACTION = 0.1
+_HALF_LOG_2PI_E = 0.5 * math.log(2 * math.pi * math.e)  # a unit Gaussian's entropy per dimension
 # Approximate KL per update: PPO-style updates sit near 0.01-0.02, and runs that
 # collapsed showed several times that. Single spikes happen in healthy runs, so warn
 # only when it stays high for KL_TOO_LARGE_REPORTS reports.
@@ -19,12 +25,21 @@ KL_TOO_LARGE_REPORTS = 3
 EV_NEGATIVE_REPORTS = 6
 
 
+def gaussian_std(entropy: float, dims: int) -> float:
+    """The geometric-mean std of a diagonal Gaussian of `dims` dimensions with this entropy."""
+    return math.exp(entropy / dims - _HALF_LOG_2PI_E)
+
+
 class DriftWatch:
-    def __init__(self, exploration_loss: str = "entropy"):
+    """`gaussian_dims`: the action dimensions where the actions are one diagonal Gaussian
+    (a Box), whose collapse is judged on its std; 0 for discrete and mixed actions."""
+
+    def __init__(self, exploration_loss: str = "entropy", gaussian_dims: int = 0):
         # Under the KL-to-uniform term a low entropy is an equilibrium, not a collapse
         # (its pull on a dying action stays), so warn of collapse only under the
         # entropy bonus, whose pull fades.
         self._watch_entropy = exploration_loss == "entropy"
+        self._gaussian_dims = gaussian_dims
         self._entropy_peak = -math.inf
         self._ev_negative_for = 0
         self._kl_large_for = 0
@@ -36,11 +51,9 @@ class DriftWatch:
         entropy = metrics.get("entropy")
         if self._watch_entropy and entropy is not None and math.isfinite(entropy):
             self._entropy_peak = max(self._entropy_peak, entropy)
-            if self._entropy_peak > 0 and entropy < ENTROPY_COLLAPSE_FRACTION * self._entropy_peak:
-                now["entropy"] = (
-                    f"policy entropy fell to {entropy:.3g}, under {ENTROPY_COLLAPSE_FRACTION:.0%} of its peak "
-                    f"{self._entropy_peak:.3g}: the policy is nearly deterministic and may stop exploring; "
-                    "try a larger --entropy_coef or --exploration_loss symmetric_kl")
+            collapse = self._std_collapse(entropy) if self._gaussian_dims else self._entropy_collapse(entropy)
+            if collapse:
+                now["entropy"] = collapse
         kl = metrics.get("approx_kl")
         if kl is not None and math.isfinite(kl):
             self._kl_large_for = self._kl_large_for + 1 if kl > KL_TOO_LARGE else 0
@@ -58,3 +71,18 @@ class DriftWatch:
         started = [text for key, text in now.items() if key not in self._active]
         self._active = set(now)
         return started
+
+    def _entropy_collapse(self, entropy: float) -> str:
+        if not (self._entropy_peak > 0 and entropy < ENTROPY_COLLAPSE_FRACTION * self._entropy_peak):
+            return ""
+        return (f"policy entropy fell to {entropy:.3g}, under {ENTROPY_COLLAPSE_FRACTION:.0%} of its peak "
+                f"{self._entropy_peak:.3g}: the policy is nearly deterministic and may stop exploring; "
+                "try a larger --entropy_coef or --exploration_loss symmetric_kl")
+
+    def _std_collapse(self, entropy: float) -> str:
+        std, peak = (gaussian_std(h, self._gaussian_dims) for h in (entropy, self._entropy_peak))
+        if std >= STD_COLLAPSE_FRACTION * peak:
+            return ""
+        return (f"the actions' noise fell to a std of {std:.3g}, under {STD_COLLAPSE_FRACTION:.0%} of its peak "
+                f"{peak:.3g}: the policy is nearly deterministic and may stop exploring; try a larger "
+                "--entropy_coef")

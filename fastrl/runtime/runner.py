@@ -23,7 +23,7 @@ import faster_fifo_reduction  # noqa: F401  (lets faster-fifo queues travel to s
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors as shared memory)
 
-from fastrl.algo.distributions import ActionSpec, random_allowed_action
+from fastrl.algo.distributions import ActionSpec, GaussianSpec, random_allowed_action
 from fastrl.algo.model import (
     Precision,
     build_model,
@@ -601,7 +601,9 @@ class Runner:
         # (worker, policy) -> its forward's compile report, said once every rollout worker has reported.
         self.actor_compiles: dict = {}
         self.actor_compiles_said = False
-        self.drift = DriftWatch(cfg.exploration_loss)
+        action_spec = ActionSpec.from_space(self.action_space)
+        self.drift = DriftWatch(cfg.exploration_loss,
+                                gaussian_dims=action_spec.action_dim if isinstance(action_spec, GaussianSpec) else 0)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.eval_abandon = StopFlag()  # the evaluator's own stop: ctx.stop lets it finish the evaluation due
         self.evaluator: Optional[object] = None
