@@ -252,7 +252,8 @@ class Config:
                                        "or relu (the DQN paper's, SB3's and CleanRL's).", choices=("elu", "relu"))
     rnn_size: int = _opt(512, "GRU hidden size.")
     normalize_obs: bool = _opt(False, "Running mean/std normalisation inside the model of vector observations and of "
-                                      "each image pixel (on by default on Doom: fastrl/presets.py).")
+                                      "each image pixel (on by default on Doom and continuous control: "
+                                      "fastrl/presets.py).")
     precision: str = _opt("auto", "Arithmetic of image encoders: fp32, bf16 (bfloat16 convs and FC layers, the rest "
                                   "float32), or auto = whichever this machine's CPU or GPU runs faster.",
                           choices=("auto", "fp32", "bf16"),

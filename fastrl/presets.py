@@ -65,6 +65,12 @@ _CONTINUOUS_ACTIONS = {"lr": 1e-3, "target_kl": 0.01}
 # image envs keep 1 unless their family sets its own.
 _VECTOR_OBSERVATIONS = {"vtrace_lambda": 0.95}
 
+# Continuous control (continuous actions from vector observations, as MuJoCo's tasks):
+# observations normalised, as their parts differ in scale by orders of magnitude (joint
+# angles against velocities); without it Walker2d-v5 stalled near 1,000
+# (benchmarks/learning_suite.py).
+_CONTINUOUS_CONTROL = {"normalize_obs": True}
+
 
 def preset_for(env_name: str) -> dict:
     """The defaults an env's name brings: its family's (PRESETS), then its own."""
@@ -84,10 +90,14 @@ def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
 
     named = preset_for(env_name)
     groups = []
-    if isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1:
+    vector = isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1
+    continuous = isinstance(action_space, gymnasium.spaces.Box)
+    if vector:
         groups.append(_VECTOR_OBSERVATIONS)
-    if isinstance(action_space, gymnasium.spaces.Box):
+    if continuous:
         groups.append(_CONTINUOUS_ACTIONS)
+    if vector and continuous:
+        groups.append(_CONTINUOUS_CONTROL)
     values = {}
     for group in groups:  # a group's values were measured together: all of it, or none
         if not named.keys() & group.keys():
