@@ -24,9 +24,17 @@ from fastrl.plumbing.files import DiskFullError, writing
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--env", "CartPole-v1", "--plan", "off", "--num_workers", "1", "--checkpoint_every_seconds", "1"]
 
+def _can_mount_privately() -> bool:
+    """Root, Linux, unshare(1), and a kernel or container that lets a mount namespace be made."""
+    if os.getuid() != 0 or shutil.which("unshare") is None or not sys.platform.startswith("linux"):
+        return False
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                          capture_output=True).returncode == 0
+
+
 needs_a_mount_namespace = pytest.mark.skipif(
-    os.getuid() != 0 or shutil.which("unshare") is None or not sys.platform.startswith("linux"),
-    reason="a small disk of the test's own takes root, Linux and unshare(1) for a private tmpfs")
+    not _can_mount_privately(), reason="a small disk of the test's own takes root, Linux, unshare(1) and the "
+                                       "right to make a mount namespace, for a private tmpfs")
 
 
 @pytest.fixture(scope="module")
