@@ -4,8 +4,9 @@ a bare allocation error minutes in, so start-up compares the need with the free 
 from __future__ import annotations
 
 import os
-import shutil
 from typing import NamedTuple, Optional
+
+from fastrl.plumbing import files
 
 SHM_DIR = "/dev/shm"
 # The queues (runner.py sizes them: ~9 MB for one policy and a few workers) and the stats board.
@@ -18,7 +19,7 @@ def free_bytes(path: str = SHM_DIR) -> Optional[int]:
     if not os.path.isdir(path):
         return None
     try:
-        return shutil.disk_usage(path).free
+        return files.free_bytes(path)
     except OSError:
         return None
 

@@ -591,7 +591,7 @@ class Runner:
         self.population = PopulationDriver(cfg, self.ctx.hyper, self.say) if cfg.with_pbt and self.learn else None
         self.episodes = self.earlier.episodes
         self.learner_death: Optional[str] = None  # which learner died and why, when that ended this run
-        self._said_disk_full: set = set()  # full-disk sentences said, each once
+        self._said_errors: set = set()  # error sentences said, each once
         self._disk_checked_at = 0.0
         self.reached_reward_at: Optional[float] = None
         # The mean that crossed --stop_at_reward, which episodes ending during shutdown still move.
@@ -1030,11 +1030,15 @@ class Runner:
                 exit_code = self._say_disk_full(err, exit_code)
         return self._finish(time.time() - start, reason, killed, exit_code)
 
+    def _say_error_once(self, text: str) -> None:
+        """`error: text.` on stderr, unless this run said it already (a full disk meets several writes)."""
+        if text not in self._said_errors:
+            self._said_errors.add(text)
+            print(f"{self._tag()}error: {text}.", file=sys.stderr, flush=True)
+
     def _say_disk_full(self, err: DiskFullError, exit_code: int) -> int:
         """Say once that a write found the disk full; the run's exit code from here on (1 unless it had one)."""
-        if str(err) not in self._said_disk_full:
-            self._said_disk_full.add(str(err))
-            print(f"{self._tag()}error: {err}.", file=sys.stderr, flush=True)
+        self._say_error_once(str(err))
         return exit_code or 1
 
     def _say_late_failures(self, exit_code: int) -> int:
@@ -1046,9 +1050,7 @@ class Runner:
             except queue.Empty:
                 return exit_code
             if sentence:
-                if sentence not in self._said_disk_full:
-                    self._said_disk_full.add(sentence)
-                    print(f"{self._tag()}error: {name}: {sentence}.", file=sys.stderr, flush=True)
+                self._say_error_once(f"{name}: {sentence}")
                 exit_code = exit_code or 1
             elif is_learner(name):
                 print(f"{self._tag()}{name} failed as it stopped:\n{tb.rstrip()}", file=sys.stderr, flush=True)
