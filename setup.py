@@ -9,8 +9,11 @@ EXTRAS = {
     "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
     "wandb": ["wandb>=0.16"],
     "plot": ["matplotlib>=3.5"],
-    # mkdocs builds the docs site (.ci/run, tests/test_docs_site.py); 1.6 for mkdocs.yml's anchor checks.
-    "dev": ["pytest>=7", "mkdocs>=1.6"],
+    # gymnasium's v5 locomotion tasks (Hopper-v5, Walker2d-v5, ...).
+    "mujoco": ["gymnasium[mujoco]>=1.0"],
+    # mkdocs builds the docs site (.ci/run, tests/test_docs_site.py); 1.6 for mkdocs.yml's anchor checks;
+    # MuJoCo for the end-to-end run of a locomotion task (tests/test_train_e2e.py).
+    "dev": ["pytest>=7", "mkdocs>=1.6", "gymnasium[mujoco]>=1.0"],
 }
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 

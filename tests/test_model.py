@@ -436,6 +436,22 @@ def test_init_gains_reach_the_encoders_and_the_policy_head():
         torch.testing.assert_close(first.norm(dim=0), torch.full((4,), enc_gain))
 
 
+def test_log_std_init_sets_the_gaussians_starting_spread_from_the_config():
+    from fastrl.algo.model import build_model
+    from fastrl.config import Config
+
+    box = ACTION_SPACES["vector"]
+    model = build_model(Config(env="Pendulum-v1", log_std_init=-1.0), VECTOR, box)
+    torch.testing.assert_close(model.log_std.detach(), torch.full((2,), -1.0))
+    # Sampled actions spread around the deterministic ones by exp(-1).
+    obs = {key: value[:1].expand(20_000, *value.shape[1:]) for key, value in _batch(VECTOR, (1,)).items()}
+    with torch.no_grad():
+        sampled = model.act(obs, torch.zeros(20_000, 0)).actions
+        mode = model.act(obs, torch.zeros(20_000, 0), deterministic=True).actions
+    torch.testing.assert_close((sampled - mode).std(dim=0), torch.full((2,), math.exp(-1.0)), rtol=0.03, atol=0)
+    assert build_model(Config(env="Pendulum-v1"), VECTOR, box).log_std.detach().eq(0.0).all()  # std 1 unless set
+
+
 def test_bf16_acting_copies_refresh_in_place_with_new_weights():
     # A CUDA graph replays the bf16 copies' weights from their addresses, and runs no
     # Python that could notice a reload: refresh_acting_copies must write the new

@@ -443,6 +443,7 @@ class ModelSpec(NamedTuple):
     conv_stack: str = "fastrl"
     conv_activation: str = "elu"
     model: str = ""  # a registered model's encoder in place of fastrl's (fastrl.algo.model_registry)
+    log_std_init: float = 0.0  # continuous actions: the Gaussian's starting log standard deviation
 
 
 class ActorCritic(nn.Module):
@@ -456,7 +457,7 @@ class ActorCritic(nn.Module):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, spec: Optional[ModelSpec] = None):
         spec = ModelSpec() if spec is None else spec
         (hidden_sizes, use_rnn, rnn_size, activation, normalize_obs, separate_critic, conv_bf16, normalize_returns,
-         encoder_init_gain, policy_init_gain, conv_stack, conv_activation, model) = spec
+         encoder_init_gain, policy_init_gain, conv_stack, conv_activation, model, log_std_init) = spec
         super().__init__()
         self.model, self.model_spec = model, spec
         self.conv_bf16 = conv_bf16
@@ -489,7 +490,7 @@ class ActorCritic(nn.Module):
         self.value_head = nn.Linear(critic_features, 1)
         self.log_std = None
         if self.action_spec.is_continuous:
-            self.log_std = nn.Parameter(torch.zeros(self.action_spec.action_dim))
+            self.log_std = nn.Parameter(torch.full((self.action_spec.action_dim,), float(log_std_init)))
         # Value-target statistics in return units, fed by the learner.
         self.return_norm = RunningNorm(()) if normalize_returns else None
         self._init_weights(encoder_init_gain, policy_init_gain)
@@ -783,4 +784,4 @@ def build_model(cfg, obs_space, action_space, precision: str = "fp32") -> ActorC
         normalize_obs=cfg.normalize_obs, separate_critic=cfg.separate_critic, conv_bf16=precision == "bf16",
         normalize_returns=cfg.normalize_returns, encoder_init_gain=cfg.encoder_init_gain,
         policy_init_gain=cfg.policy_init_gain, conv_stack=cfg.conv_stack, conv_activation=cfg.conv_activation,
-        model=cfg.model))
+        model=cfg.model, log_std_init=cfg.log_std_init))
