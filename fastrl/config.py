@@ -244,10 +244,10 @@ class Config:
                                        "Factory's loss settings got past the turn-and-fire plateau, where neither alone "
                                        "did, so the Doom presets set it (fastrl/presets.py, "
                                        "benchmarks/learning_suite.py).")
-    log_std_init: float = _opt(0.0, "Continuous actions: the Gaussian's starting log standard deviation, learned "
-                                    "and shared by all states; -1 for continuous control (fastrl/presets.py).",
-                               why="A state-independent std, as PPO's reference implementations use; 0 is a std of "
-                                   "1, -1 of 0.37.")
+    log_std_init: float = _opt(0.0, "Continuous actions: the Gaussian's starting log standard deviation, in units "
+                                    "of each bounded action's half-width; -1 for continuous control (fastrl/presets.py).",
+                               why="A state-independent std, learned, as PPO's reference implementations use; -1 starts "
+                                   "a [-1, 1] action at a std of 0.37 and a [-2, 2] one at 0.74.")
     use_rnn: bool = _opt(False, "Add a GRU core after the encoder.", common=True)
     conv_stack: str = _opt("fastrl", "Image encoders' conv layers: fastrl (32k8s4, 64k4s2, 128k3s2: coarse and cheap) "
                                      "or nature (the DQN paper's 32k8s4, 64k4s2, 64k3s1: finer cells).",

@@ -450,6 +450,10 @@ def test_log_std_init_sets_the_gaussians_starting_spread_from_the_config():
         mode = model.act(obs, torch.zeros(20_000, 0), deterministic=True).actions
     torch.testing.assert_close((sampled - mode).std(dim=0), torch.full((2,), math.exp(-1.0)), rtol=0.03, atol=0)
     assert build_model(Config(env="Pendulum-v1"), VECTOR, box).log_std.detach().eq(0.0).all()  # std 1 unless set
+    # In half-widths of each bounded dimension; an unbounded one takes the value as it is.
+    mixed = gym.spaces.Box(np.array([-2.0, -0.4, -np.inf], np.float32), np.array([2.0, 0.4, np.inf], np.float32))
+    std = build_model(Config(env="Pendulum-v1", log_std_init=-1.0), VECTOR, mixed).log_std.detach().exp()
+    torch.testing.assert_close(std, math.exp(-1.0) * torch.tensor([2.0, 0.4, 1.0]))
 
 
 def test_bf16_acting_copies_refresh_in_place_with_new_weights():

@@ -309,6 +309,11 @@ class GaussianSpec(ActionSpec):
         self._centre = torch.as_tensor(np.where(bounded, (self._low + self._high) / 2, 0.0), dtype=torch.float32)
         self._half_width = torch.as_tensor(np.where(bounded, (self._high - self._low) / 2, 1.0), dtype=torch.float32)
 
+    def start_log_std(self, log_std_init: float) -> torch.Tensor:
+        """[action_dim] log-stds of exp(log_std_init) half-widths on bounded dimensions (and
+        of exp(log_std_init) elsewhere): one setting suits a [-2, 2] torque and a [-0.4, 0.4] one."""
+        return float(log_std_init) + torch.log(self._half_width.cpu())
+
     def mean(self, params: torch.Tensor) -> torch.Tensor:
         """The Gaussian's mean for `params` [B, action_dim]: inside the bounds where there are some."""
         centre, half_width, is_bounded = self._constants(params.device)

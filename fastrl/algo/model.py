@@ -443,7 +443,7 @@ class ModelSpec(NamedTuple):
     conv_stack: str = "fastrl"
     conv_activation: str = "elu"
     model: str = ""  # a registered model's encoder in place of fastrl's (fastrl.algo.model_registry)
-    log_std_init: float = 0.0  # continuous actions: the Gaussian's starting log standard deviation
+    log_std_init: float = 0.0  # continuous actions: the Gaussian's starting log-std, in bounded actions' half-widths
 
 
 class ActorCritic(nn.Module):
@@ -490,7 +490,7 @@ class ActorCritic(nn.Module):
         self.value_head = nn.Linear(critic_features, 1)
         self.log_std = None
         if self.action_spec.is_continuous:
-            self.log_std = nn.Parameter(torch.full((self.action_spec.action_dim,), float(log_std_init)))
+            self.log_std = nn.Parameter(self.action_spec.start_log_std(log_std_init))
         # Value-target statistics in return units, fed by the learner.
         self.return_norm = RunningNorm(()) if normalize_returns else None
         self._init_weights(encoder_init_gain, policy_init_gain)
