@@ -68,11 +68,11 @@ _VECTOR_OBSERVATIONS = {"vtrace_lambda": 0.95}
 # Continuous control (continuous actions from vector observations, as MuJoCo's tasks):
 # observations normalised, as their parts differ in scale by orders of magnitude (joint
 # angles against velocities); without it Walker2d-v5 stalled near 1,000. Actions start
-# at a std of exp(-1), not 1: a walker thrown about by unit noise falls before it learns
-# anything; and minibatches dealt from single steps mix many envs and moments. Together
-# they multiplied Ant-v5's return at 500k env steps and more than doubled Walker2d-v5's
-# at 1M; Hopper-v5's stayed within its seed-to-seed spread (benchmarks/learning_suite.py
-# --at_frames).
+# at a std of exp(-1) half-widths, not 1: a walker thrown about by full-range noise falls
+# before it learns anything; and minibatches dealt from single steps mix many envs and
+# moments. Together they multiplied Ant-v5's return at 500k env steps and more than
+# doubled Walker2d-v5's at 1M; Hopper-v5's stayed within its seed-to-seed spread, and
+# Pendulum-v1 kept its time to target (benchmarks/learning_suite.py --at_frames).
 _CONTINUOUS_CONTROL = {"normalize_obs": True, "log_std_init": -1.0, "minibatch_split": "samples"}
 
 
