@@ -171,7 +171,7 @@ class Config:
     minibatch_split: str = _opt(
         "trajectories",
         "How a pass splits the batch: 'samples' deals out single steps at random (continuous control's default), "
-        "'trajectories' whole trajectories. Models with a GRU always take trajectories.",
+        "'trajectories' whole trajectories. GRU models always take trajectories.",
         choices=("samples", "trajectories"),
         why="'samples' is what SB3 and CleanRL do, so each minibatch sees many envs and moments, with V-trace's "
             "targets computed over whole trajectories once per batch; 'trajectories' takes consecutive steps of a few "
