@@ -2,6 +2,8 @@ from setuptools import setup
 
 # The core trainer needs only torch, numpy, faster-fifo and gymnasium; the
 # rest are extras so that a CartPole user does not pull in a Doom engine.
+# gymnasium's v5 locomotion tasks (Hopper-v5, Walker2d-v5, ...).
+MUJOCO = ["gymnasium[mujoco]>=1.0"]
 # opencv-python-headless instead of opencv-python: same cv2 API, but no GUI
 # libraries (libGL) that headless servers and CI machines lack.
 EXTRAS = {
@@ -9,11 +11,10 @@ EXTRAS = {
     "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
     "wandb": ["wandb>=0.16"],
     "plot": ["matplotlib>=3.5"],
-    # gymnasium's v5 locomotion tasks (Hopper-v5, Walker2d-v5, ...).
-    "mujoco": ["gymnasium[mujoco]>=1.0"],
+    "mujoco": MUJOCO,
     # mkdocs builds the docs site (.ci/run, tests/test_docs_site.py); 1.6 for mkdocs.yml's anchor checks;
     # MuJoCo for the end-to-end run of a locomotion task (tests/test_train_e2e.py).
-    "dev": ["pytest>=7", "mkdocs>=1.6", "gymnasium[mujoco]>=1.0"],
+    "dev": ["pytest>=7", "mkdocs>=1.6", *MUJOCO],
 }
 EXTRAS["all"] = sorted({dep for deps in EXTRAS.values() for dep in deps})
 

@@ -50,7 +50,7 @@ def steps(tmp_path_factory):
          "fill_leaving_kb": 6 * 1024},
         {"size": "32m", "args": [*args, "--experiment", "run", "--train_for_seconds", "60", "--with_wandb", "true"],
          "fill_leaving_kb": 0},
-        # Long enough to train a batch past its resume on a slow machine (4 s once was not).
+        # Long enough to train at least a batch after resuming, even on a slow machine.
         {"size": "32m", "args": [*args, "--experiment", "run", "--train_for_seconds", "12"]},
     ]}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
