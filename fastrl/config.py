@@ -226,8 +226,12 @@ class Config:
                                             "actions only).", choices=("entropy", "symmetric_kl"),
                                  why="An entropy bonus's pull fades as the policy turns deterministic; KL(p||uniform) "
                                      "+ KL(uniform||p) keeps pulling, which the Doom presets use (fastrl/presets.py).")
-    lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant', or 'linear', which decays --lr to 0 at "
-                                        "--train_for_env_frames (needs that budget).", choices=("constant", "linear"))
+    lr_schedule: str = _opt("constant", "Learning rate: 'constant'; 'linear', decaying --lr to 0 where the run's budget "
+                                        "(frames or seconds) ends; 'auto', linear with a budget, else constant.",
+                            choices=("constant", "linear", "auto"),
+                            why="'auto' is continuous control's default (fastrl/presets.py). The nearer budget counts; "
+                                "a resumed run counts all its frames but only this command's seconds; under torchrun "
+                                "only frames, as each rank keeps its own clock.")
 
     _section("model")
     model: str = _opt("", "The network's encoder: empty for fastrl's (MLP for vectors, conv for images), a name "
@@ -475,9 +479,9 @@ def validate(cfg: Config, writes: bool = True) -> None:
         raise ConfigError(f"--gamma is {cfg.gamma} but must lie in [0, 1].")
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise ConfigError(f"--vtrace_lambda is {cfg.vtrace_lambda} but must lie in [0, 1].")
-    if cfg.lr_schedule == "linear" and not cfg.train_for_env_frames:
-        raise ConfigError("--lr_schedule linear decays the learning rate to 0 at --train_for_env_frames; "
-                          "set that budget or choose --lr_schedule constant.")
+    if cfg.lr_schedule == "linear" and not (cfg.train_for_env_frames or cfg.train_for_seconds):
+        raise ConfigError("--lr_schedule linear decays the learning rate to 0 where the run's budget ends; set "
+                          "--train_for_env_frames or --train_for_seconds, or choose --lr_schedule constant.")
     try:
         sizes = cfg.hidden_size_tuple
     except ValueError:

@@ -70,13 +70,15 @@ BAD_BATCHES_KEY = "bad_batches"
 class LearnerStart(NamedTuple):
     """Where a learner starts: the checkpoint it resumes (None: fresh) and the run's
     frames before it, its policy, its rank and the options every rank must share (a
-    multi-rank run only), and what earlier runs learnt of compiling its step."""
+    multi-rank run only), what earlier runs learnt of compiling its step, and when the
+    command was launched (time.time(); None: now), where --train_for_seconds counts from."""
     resume_path: Optional[str] = None
     frames_offset: int = 0
     policy: int = 0
     rank: Rank = SOLO
     shared_options: Optional[dict] = None
     compile_memory: Optional[CompileMemory] = None
+    launched_at: Optional[float] = None
 
 
 FRESH = LearnerStart()
@@ -86,7 +88,8 @@ class Learner:
     """The learner of one policy, started as `start` says."""
 
     def __init__(self, cfg, ctx: SharedContext, device: str, start: LearnerStart = FRESH):
-        resume_path, frames_offset, policy, rank, shared_options, compile_memory = start
+        resume_path, frames_offset, policy, rank, shared_options, compile_memory, launched_at = start
+        self.launched_at = time.time() if launched_at is None else launched_at
         self.cfg, self.ctx, self.rank, self.policy = cfg, ctx, rank, policy
         self.params = ctx.params[policy]
         self.device = torch.device(device)
@@ -273,9 +276,11 @@ class Learner:
             # Only the samples trained on: a dropped one came from a stale policy.
             self.model.update_normalizer({k: v[:-1] for k, v in batch["obs"].items()}, keep=valid.bool(),
                                          reduce=self.peers.sum_ if self.peers is not None else None)
-        if cfg.lr_schedule == "linear":
-            # Every rank's frames, as of the last agreement: the same count on every rank.
-            self._set_lr(cfg.lr * max(0.0, 1.0 - self.run_frames() / cfg.train_for_env_frames))
+        if cfg.lr_schedule != "constant":
+            # Every rank's frames, as of the last agreement, are the same count on every
+            # rank; its clock is its own, so under torchrun only frames set the step.
+            seconds = None if self.rank.distributed else time.time() - self.launched_at
+            self._set_lr(scheduled_lr(cfg, self.run_frames(), seconds))
 
         bounded = cfg.target_kl > 0 and cfg.ppo_epochs * cfg.num_minibatches > 1
         samples = None  # single-sample minibatches' rows, with their targets (--minibatch_split samples)
@@ -418,6 +423,18 @@ class Learner:
             "torch_rng": torch.get_rng_state(),
         }
         return save_checkpoint(checkpoint_dir(self.cfg, self.policy), state, self.version, self.cfg.keep_checkpoints)
+
+
+def scheduled_lr(cfg, run_frames: int, seconds: Optional[float]) -> float:
+    """--lr as --lr_schedule has it `run_frames` and `seconds` into the run: 'linear'
+    and 'auto' fall to 0 where the run ends, at its frame or time budget, whichever
+    comes first; without a budget (only 'auto' may lack one) the rate stays --lr.
+    `seconds` None: no clock every rank shares, so the time budget does not count."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    done = max(run_frames / cfg.train_for_env_frames if cfg.train_for_env_frames else 0.0,
+               seconds / cfg.train_for_seconds if cfg.train_for_seconds and seconds is not None else 0.0)
+    return cfg.lr * max(0.0, 1.0 - done)
 
 
 def nonfinite_fields(batch: dict) -> list:

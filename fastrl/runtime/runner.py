@@ -396,6 +396,9 @@ def _check_experiment(cfg: Config, rank: Rank) -> None:
     if rank.distributed and cfg.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.num_policies} is not supported under torchrun yet; train several "
                           "policies on one machine without torchrun, or one policy with it.")
+    if rank.distributed and cfg.lr_schedule == "linear" and cfg.train_for_seconds:
+        raise ConfigError("--lr_schedule linear cannot decay over --train_for_seconds under torchrun, as each rank "
+                          "keeps its own clock and their steps would differ; give --train_for_env_frames alone.")
     ckpt_root = checkpoint_root(cfg)
     if os.path.lexists(ckpt_root) and not os.path.isdir(ckpt_root):
         raise ConfigError(f"{ckpt_root} is not a folder, but the experiment keeps its checkpoints there; "
@@ -695,7 +698,7 @@ class Runner:
             memory = compiled_costs.memory(cfg, self.precision.learning)
             for k in range(cfg.num_policies):
                 start = LearnerStart(self.resume_paths[k], self.frames_offset, k, self.rank, shared_options(cfg),
-                                     memory)
+                                     memory, launched_at())
                 self.learner_processes[k] = self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, start,
                                                         self.device_params(), threads=cfg.learner_threads)
         else:
