@@ -226,12 +226,12 @@ class Config:
                                             "actions only).", choices=("entropy", "symmetric_kl"),
                                  why="An entropy bonus's pull fades as the policy turns deterministic; KL(p||uniform) "
                                      "+ KL(uniform||p) keeps pulling, which the Doom presets use (fastrl/presets.py).")
-    lr_schedule: str = _opt("constant", "Learning rate: 'constant'; 'linear', decaying --lr to 0 where the run's budget "
-                                        "(frames or seconds) ends; 'auto', linear with a budget, else constant.",
-                            choices=("constant", "linear", "auto"),
-                            why="'auto' is continuous control's default (fastrl/presets.py). The nearer budget counts; "
-                                "a resumed run counts all its frames but only this command's seconds; under torchrun "
-                                "only frames, as each rank keeps its own clock.")
+    lr_schedule: str = _opt("constant", "Learning rate over the run: 'constant', or 'linear', which decays --lr to 0 "
+                                        "where the run's budget (frames or seconds) ends.",
+                            choices=("constant", "linear"),
+                            why="The nearer budget counts; a resumed run counts all its frames but only this "
+                                "command's seconds; under torchrun only frames, as each rank keeps its own clock. "
+                                "It keeps MuJoCo's Hopper-v5 from falling back late in a run (docs/envs.md).")
 
     _section("model")
     model: str = _opt("", "The network's encoder: empty for fastrl's (MLP for vectors, conv for images), a name "

@@ -72,11 +72,8 @@ _VECTOR_OBSERVATIONS = {"vtrace_lambda": 0.95}
 # before it learns anything; and minibatches dealt from single steps mix many envs and
 # moments. Together they multiplied Ant-v5's return at 500k env steps and more than
 # doubled Walker2d-v5's at 1M; Hopper-v5's stayed within its seed-to-seed spread, and
-# Pendulum-v1 kept its time to target (benchmarks/learning_suite.py --at_frames). A run
-# with a budget anneals --lr to 0 at its end: Hopper-v5 at a constant rate climbs, then
-# falls back by half and more; annealed, it keeps what it learnt.
-_CONTINUOUS_CONTROL = {"normalize_obs": True, "log_std_init": -1.0, "minibatch_split": "samples",
-                       "lr_schedule": "auto"}
+# Pendulum-v1 kept its time to target (benchmarks/learning_suite.py --at_frames).
+_CONTINUOUS_CONTROL = {"normalize_obs": True, "log_std_init": -1.0, "minibatch_split": "samples"}
 
 
 def preset_for(env_name: str) -> dict:

@@ -1,6 +1,5 @@
 """--lr_schedule: the learning rate a run's learner takes, against hand-computed values,
-and a real run's reported rate falling to 0 over its time budget. (Continuous control's
-preset sets 'auto': tests/test_config.py.)"""
+and a real run's reported rate falling to 0 over its time budget."""
 import os
 
 import pytest
@@ -24,17 +23,6 @@ def test_linear_falls_to_zero_where_the_nearer_budget_ends():
     assert scheduled_lr(both, 100, 80.0) == pytest.approx(2e-4)  # the seconds do
     constant = Config(env="CartPole-v1", lr=1e-3, train_for_env_frames=1000)
     assert scheduled_lr(constant, 900, 90.0) == 1e-3
-    # Under torchrun no clock is shared: only the frames count.
-    assert scheduled_lr(both, 100, None) == pytest.approx(9e-4)
-
-
-def test_auto_is_linear_with_a_budget_and_constant_without():
-    budgeted = Config(env="Hopper-v5", lr=1e-3, lr_schedule="auto", train_for_seconds=100.0)
-    assert scheduled_lr(budgeted, 10**6, 25.0) == pytest.approx(7.5e-4)
-    assert scheduled_lr(budgeted, 10**6, None) == 1e-3
-    open_ended = Config(env="Hopper-v5", lr=1e-3, lr_schedule="auto")
-    validate(open_ended, writes=False)
-    assert scheduled_lr(open_ended, 10**9, 10**6) == 1e-3
 
 
 def test_linear_needs_a_budget_of_frames_or_seconds():

@@ -247,8 +247,7 @@ def test_a_mujoco_task_learns_past_a_random_policy_with_the_continuous_control_d
     with open(tmp_path / "Hopper-v5" / "config.json") as f:
         saved = json.load(f)
     # The continuous-control defaults, as trained and saved.
-    assert (saved["normalize_obs"], saved["log_std_init"], saved["minibatch_split"], saved["lr_schedule"]) == (
-        True, -1.0, "samples", "auto")
+    assert (saved["normalize_obs"], saved["log_std_init"], saved["minibatch_split"]) == (True, -1.0, "samples")
     random_return = _random_policy_return("Hopper-v5", episodes=50)
     summary = read_summary(tmp_path, "Hopper-v5")
     # Random actions fall within ~20 steps (a return near 20); standing and hopping for

@@ -276,11 +276,10 @@ class Learner:
             # Only the samples trained on: a dropped one came from a stale policy.
             self.model.update_normalizer({k: v[:-1] for k, v in batch["obs"].items()}, keep=valid.bool(),
                                          reduce=self.peers.sum_ if self.peers is not None else None)
-        if cfg.lr_schedule != "constant":
-            # Every rank's frames, as of the last agreement, are the same count on every
-            # rank; its clock is its own, so under torchrun only frames set the step.
-            seconds = None if self.rank.distributed else time.time() - self.launched_at
-            self._set_lr(scheduled_lr(cfg, self.run_frames(), seconds))
+        if cfg.lr_schedule == "linear":
+            # Every rank's frames, as of the last agreement: the same count on every rank
+            # (a time budget, read off each rank's own clock, is refused under torchrun).
+            self._set_lr(scheduled_lr(cfg, self.run_frames(), time.time() - self.launched_at))
 
         bounded = cfg.target_kl > 0 and cfg.ppo_epochs * cfg.num_minibatches > 1
         samples = None  # single-sample minibatches' rows, with their targets (--minibatch_split samples)
@@ -425,15 +424,13 @@ class Learner:
         return save_checkpoint(checkpoint_dir(self.cfg, self.policy), state, self.version, self.cfg.keep_checkpoints)
 
 
-def scheduled_lr(cfg, run_frames: int, seconds: Optional[float]) -> float:
+def scheduled_lr(cfg, run_frames: int, seconds: float) -> float:
     """--lr as --lr_schedule has it `run_frames` and `seconds` into the run: 'linear'
-    and 'auto' fall to 0 where the run ends, at its frame or time budget, whichever
-    comes first; without a budget (only 'auto' may lack one) the rate stays --lr.
-    `seconds` None: no clock every rank shares, so the time budget does not count."""
+    falls to 0 where the run ends, at its frame or time budget, whichever comes first."""
     if cfg.lr_schedule == "constant":
         return cfg.lr
     done = max(run_frames / cfg.train_for_env_frames if cfg.train_for_env_frames else 0.0,
-               seconds / cfg.train_for_seconds if cfg.train_for_seconds and seconds is not None else 0.0)
+               seconds / cfg.train_for_seconds if cfg.train_for_seconds else 0.0)
     return cfg.lr * max(0.0, 1.0 - done)
 
 
