@@ -177,8 +177,8 @@ def test_each_value_off_its_default_names_where_it_came_from(tmp_path):
     assert planned and all(getattr(prepared.cfg, k) != getattr(Config(), k) for k in planned)
     line = describe_origins(prepared.cfg, origins)
     assert "given: lr=0.0003, seed=3" in line and \
-        "spaces preset: log_std_init=-1.0, minibatch_split=samples, normalize_obs=True, " \
-        "target_kl=0.01, vtrace_lambda=0.95" in line
+        "spaces preset: log_std_init=-1.0, minibatch_split=samples, normalize_obs=True, target_kl=0.01, " \
+        "vtrace_lambda=0.95" in line
     # config.json keeps them beside the options, and reading it back takes the options alone.
     path = tmp_path / "config.json"
     save_config(prepared.cfg, str(path), origins)
