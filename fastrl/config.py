@@ -437,6 +437,16 @@ class Config:
     def hidden_size_tuple(self) -> tuple:
         return tuple(int(s) for s in self.hidden_sizes.split(",") if s.strip())
 
+    def budget_done(self, run_frames: int, seconds: float) -> dict:
+        """How far `run_frames` and `seconds` are through each budget set: {"frames": f,
+        "seconds": s}, fractions that pass 1 past it; empty when the run has no budget."""
+        done = {}
+        if self.train_for_env_frames:
+            done["frames"] = run_frames / self.train_for_env_frames
+        if self.train_for_seconds:
+            done["seconds"] = seconds / self.train_for_seconds
+        return done
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

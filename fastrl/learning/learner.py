@@ -429,9 +429,7 @@ def scheduled_lr(cfg, run_frames: int, seconds: float) -> float:
     falls to 0 where the run ends, at its frame or time budget, whichever comes first."""
     if cfg.lr_schedule == "constant":
         return cfg.lr
-    done = max(run_frames / cfg.train_for_env_frames if cfg.train_for_env_frames else 0.0,
-               seconds / cfg.train_for_seconds if cfg.train_for_seconds else 0.0)
-    return cfg.lr * max(0.0, 1.0 - done)
+    return cfg.lr * max(0.0, 1.0 - max(cfg.budget_done(run_frames, seconds).values(), default=0.0))
 
 
 def nonfinite_fields(batch: dict) -> list:

@@ -698,7 +698,7 @@ class Runner:
             memory = compiled_costs.memory(cfg, self.precision.learning)
             for k in range(cfg.num_policies):
                 start = LearnerStart(self.resume_paths[k], self.frames_offset, k, self.rank, shared_options(cfg),
-                                     memory, launched_at())
+                                     memory, self.launched)
                 self.learner_processes[k] = self._spawn(learner_name(k), learner_main, cfg, ctx, self.device, start,
                                                         self.device_params(), threads=cfg.learner_threads)
         else:
@@ -965,16 +965,15 @@ class Runner:
         """' | [####......] 40% ETA 1m05s' toward the frame or time budget (whichever is
         nearer to done), or '' when training has no budget."""
         cfg, frames = self.cfg, self.env_frames() + self.frames_offset
-        candidates = []
-        if cfg.train_for_env_frames:
-            left = max(cfg.train_for_env_frames - frames, 0)
-            candidates.append((frames / cfg.train_for_env_frames, left / fps if fps > 0 else math.inf))
-        if cfg.train_for_seconds:
-            candidates.append((elapsed / cfg.train_for_seconds, max(cfg.train_for_seconds - elapsed, 0.0)))
-        if not candidates:
+        fractions = cfg.budget_done(frames, elapsed)
+        if not fractions:
             return ""
-        done, eta = max(candidates)
-        done = min(done, 1.0)
+        nearer = max(fractions, key=fractions.get)
+        if nearer == "frames":
+            eta = max(cfg.train_for_env_frames - frames, 0) / fps if fps > 0 else math.inf
+        else:
+            eta = max(cfg.train_for_seconds - elapsed, 0.0)
+        done = min(fractions[nearer], 1.0)
         bar = "#" * int(10 * done) + "." * (10 - int(10 * done))
         eta_text = "?" if math.isinf(eta) else f"{int(eta // 60)}m{int(eta % 60):02d}s"
         return f" | [{bar}] {done:.0%} ETA {eta_text}"
@@ -986,7 +985,7 @@ class Runner:
         monitor = (Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset) if self.rank.main
                    else NullMonitor())
         # Times count from the command's launch: a time to a score includes the start-up a user waits through.
-        start = launched_at()
+        start = self.launched = launched_at()  # also the learners' (LearnerStart), for --lr_schedule linear
         exit_code, reason = 0, None
         signals = _StopSignals()
         locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True), cfg.worker_timeout_seconds)
