@@ -553,6 +553,8 @@ class Runner:
     def __init__(self, cfg: Config, learn: bool = True, explicit: Optional[set] = None,
                  earlier: Optional[Earlier] = None, rank: Rank = SOLO):
         self.learn, self.rank = learn, rank
+        # Times count from the command's launch: a time to a score includes the start-up a user waits through.
+        self.launched = launched_at()  # also the learners' (LearnerStart), for --lr_schedule linear
         self.earlier = earlier or Earlier()
         prepared = prepare_experiment(cfg, explicit or set(), rank)
         cfg, self.plan, self.spec, self.precision = prepared.cfg, prepared.plan, prepared.spec, prepared.precision
@@ -984,8 +986,7 @@ class Runner:
         cfg = self.cfg
         monitor = (Monitor(cfg, cfg.experiment_dir, resume_frames=self.frames_offset) if self.rank.main
                    else NullMonitor())
-        # Times count from the command's launch: a time to a score includes the start-up a user waits through.
-        start = self.launched = launched_at()  # also the learners' (LearnerStart), for --lr_schedule linear
+        start = self.launched
         exit_code, reason = 0, None
         signals = _StopSignals()
         locks = QueueLockWatch(self.queues(), lambda text: self.say(text, incident=True), cfg.worker_timeout_seconds)
