@@ -321,6 +321,16 @@ def short_run(tmp_path, cache_home, *args, during=None, seconds=14):
     return run.output()
 
 
+def quiet_run(tmp_path, cache_home) -> str:
+    """short_run's output on a quiet machine. Its window is 3 s, so a burst from outside
+    the test (the kernel writing back an earlier test's files) can disturb it; the run
+    rightly keeps nothing then, and one more run is the quiet one asked for."""
+    out = short_run(tmp_path / "quiet", cache_home)
+    if "this rate is not kept for the next plan: other programs took" in out:
+        out = short_run(tmp_path / "quiet_again", cache_home)
+    return out
+
+
 def burn(cores: int, seconds: float) -> None:
     """Keep `cores` cores busy for `seconds` in other processes, as a second job would."""
     spin = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
@@ -358,7 +368,7 @@ def test_a_stall_is_the_longest_run_of_reports_that_trained_nothing():
 
 def test_a_quiet_run_is_remembered_and_a_disturbed_stopped_or_shared_one_is_not(tmp_path):
     cache_home = tmp_path / "cache"
-    out = short_run(tmp_path / "quiet", cache_home)
+    out = quiet_run(tmp_path, cache_home)
     assert "this rate is kept for the next plan of this setup" in out, out
     assert kept_runs(cache_home) == 1
 
