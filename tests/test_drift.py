@@ -3,7 +3,13 @@ import math
 
 import pytest
 
-from fastrl.learning.drift import EV_NEGATIVE_REPORTS, KL_TOO_LARGE_REPORTS, DriftWatch, gaussian_std
+from fastrl.learning.drift import (
+    EV_NEGATIVE_REPORTS,
+    KL_TOO_LARGE_REPORTS,
+    RETURN_FALL_REPORTS,
+    DriftWatch,
+    gaussian_std,
+)
 
 
 def test_entropy_collapse_warns_once_then_again_after_recovering():
@@ -73,3 +79,49 @@ def test_a_gaussians_collapse_is_judged_on_its_std_not_on_a_fraction_of_its_entr
     (warning,) = watch.check({"entropy": entropy_at[0.05]})  # negative entropy: the std still reads right
     assert "noise fell to a std of 0.05, under 10% of its peak 1:" in warning
     assert "--entropy_coef" in warning and "symmetric_kl" not in warning  # which continuous actions refuse
+
+
+
+def window(mean: float, spread: float = 10.0) -> list:
+    """100 episodes' returns with this mean and standard deviation."""
+    return [mean - spread, mean + spread] * 50
+
+
+def _fall_warnings(watch, means, spread: float = 10.0) -> list:
+    """Every warning the watch gave while the 100-episode mean went through `means`."""
+    return [w for m in means for w in watch.check({}, window(m, spread))]
+
+
+def test_a_return_that_gives_back_its_rise_for_several_reports_is_unlearning():
+    watch = DriftWatch(gaussian_dims=3)
+    rise = [100.0, 1_000.0, 2_875.0]
+    # 20% of the rise given back for many reports, and 60% for one report fewer than needed, are noise.
+    assert _fall_warnings(watch, rise + [2_320.0] * 20 + [1_362.0] * (RETURN_FALL_REPORTS - 1) + [2_800.0]) == []
+    (warning,) = _fall_warnings(watch, [1_362.0] * (RETURN_FALL_REPORTS + 3))  # said once
+    assert warning.startswith("the 100-episode mean return fell to 1,362, giving back 55% of its rise to its best "
+                              "2,875: the policy is unlearning;"), warning
+    # A constant rate, no KL brake: the advice names the schedule that kept Hopper-v5 from falling back.
+    assert "--lr_schedule linear with a --train_for_env_frames or --train_for_seconds budget" in warning
+    assert "--target_kl 0.01" in warning
+    assert _fall_warnings(watch, [2_700.0]) == [] and len(_fall_warnings(watch, [0.0] * RETURN_FALL_REPORTS)) == 1
+
+
+def test_the_fall_advice_follows_the_runs_schedule_and_kl_brake():
+    watch = DriftWatch(lr_schedule="linear", target_kl=0.01)
+    (warning,) = _fall_warnings(watch, [-1_000.0, -200.0] + [-800.0] * RETURN_FALL_REPORTS)
+    assert "fell to -800, giving back 75% of its rise to its best -200" in warning
+    assert warning.endswith("try a smaller --lr, or a --target_kl under 0.01"), warning
+
+
+def test_a_fall_within_the_windows_noise_is_not_one():
+    # A resumed run on its plateau: its rise from the first full window is small beside
+    # its episodes' spread (300: a mean's standard error of 30), so a dip of 40 is noise.
+    watch = DriftWatch()
+    assert _fall_warnings(watch, [2_800.0, 2_900.0] + [2_860.0] * 20, spread=300.0) == []
+    assert len(_fall_warnings(watch, [2_700.0] * RETURN_FALL_REPORTS, spread=300.0)) == 1
+
+
+def test_no_fall_is_judged_before_a_full_window_or_without_a_rise():
+    watch = DriftWatch()
+    assert watch.check({}, None) == [] and watch.check({}, [float("nan")] * 100) == []
+    assert _fall_warnings(watch, [50.0, 40.0, 30.0] + [20.0] * 10) == []  # never rose above its first window

@@ -5,7 +5,8 @@ condition starts, and again only after it has cleared.
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+import statistics
+from typing import Dict, List, Optional, Sequence
 
 # The entropy has fallen to this fraction of the highest value seen in the run: the
 # policy is close to deterministic, and an entropy bonus pulls less the lower it goes.
@@ -23,6 +24,15 @@ KL_TOO_LARGE = 0.05
 KL_TOO_LARGE_REPORTS = 3
 # The value function explains less than nothing of its targets, this many reports running.
 EV_NEGATIVE_REPORTS = 6
+# The 100-episode mean has given back this fraction of its rise (from its first full
+# window to its best) and this many standard errors of the window's mean, this many
+# reports running: the policy is unlearning. A healthy run's moving mean dips less, for
+# a report or two; Hopper-v5's falls at a constant rate are what it catches
+# (benchmarks/learning_suite.py, fall_from_best). The standard errors keep a resumed or
+# plateaued run, whose rise is small beside its noise, from warning on noise.
+RETURN_FALL_FRACTION = 0.3
+RETURN_FALL_STANDARD_ERRORS = 3.0
+RETURN_FALL_REPORTS = 6
 
 
 def gaussian_std(entropy: float, dims: int) -> float:
@@ -32,9 +42,11 @@ def gaussian_std(entropy: float, dims: int) -> float:
 
 class DriftWatch:
     """`gaussian_dims`: the action dimensions where the actions are one diagonal Gaussian
-    (a Box), whose collapse is judged on its std; 0 for discrete and mixed actions."""
+    (a Box), whose collapse is judged on its std; 0 for discrete and mixed actions.
+    `lr_schedule` and `target_kl` (the run's) pick the advice for a return that falls back."""
 
-    def __init__(self, exploration_loss: str = "entropy", gaussian_dims: int = 0):
+    def __init__(self, exploration_loss: str = "entropy", gaussian_dims: int = 0, lr_schedule: str = "constant",
+                 target_kl: float = 0.0):
         # Under the KL-to-uniform term a low entropy is an equilibrium, not a collapse
         # (its pull on a dying action stays), so warn of collapse only under the
         # entropy bonus, whose pull fades.
@@ -43,10 +55,16 @@ class DriftWatch:
         self._entropy_peak = -math.inf
         self._ev_negative_for = 0
         self._kl_large_for = 0
+        self._lr_schedule = lr_schedule
+        self._target_kl = target_kl
+        self._first_return: Optional[float] = None
+        self._best_return = -math.inf
+        self._return_fallen_for = 0
         self._active: set = set()
 
-    def check(self, metrics: Dict[str, float]) -> List[str]:
-        """New warnings for the learner's latest stats (empty when nothing started)."""
+    def check(self, metrics: Dict[str, float], full_window: Optional[Sequence[float]] = None) -> List[str]:
+        """New warnings for the learner's latest stats and the returns of the last 100
+        episodes (None until 100 have ended); empty when nothing started."""
         now = {}
         entropy = metrics.get("entropy")
         if self._watch_entropy and entropy is not None and math.isfinite(entropy):
@@ -68,6 +86,9 @@ class DriftWatch:
                 now["ev"] = (f"the value function's explained variance has been negative for {self._ev_negative_for} "
                              "reports: its advantages are noise; check the rewards' scale "
                              "(--reward_scale, --normalize_returns) and --gamma")
+        fall = self._return_fall(full_window) if full_window else ""
+        if fall:
+            now["return"] = fall
         started = [text for key, text in now.items() if key not in self._active]
         self._active = set(now)
         return started
@@ -86,3 +107,29 @@ class DriftWatch:
         return (f"the actions' noise fell to a std of {std:.3g}, under {STD_COLLAPSE_FRACTION:.0%} of its peak "
                 f"{peak:.3g}: the policy is nearly deterministic and may stop exploring; try a larger "
                 "--entropy_coef")
+
+    def _return_fall(self, returns: Sequence[float]) -> str:
+        mean = statistics.fmean(returns)
+        if not math.isfinite(mean):
+            return ""
+        if self._first_return is None:
+            self._first_return = mean
+        self._best_return = max(self._best_return, mean)
+        rise, fall = self._best_return - self._first_return, self._best_return - mean
+        noise = RETURN_FALL_STANDARD_ERRORS * statistics.pstdev(returns) / math.sqrt(len(returns))
+        fallen = rise > 0 and fall >= RETURN_FALL_FRACTION * rise and fall > noise
+        self._return_fallen_for = self._return_fallen_for + 1 if fallen else 0
+        if self._return_fallen_for < RETURN_FALL_REPORTS:
+            return ""
+        given_back = fall / rise
+        rate = ("--lr_schedule linear with a --train_for_env_frames or --train_for_seconds budget (the rate reaches 0 "
+                "at its end)" if self._lr_schedule == "constant" else "a smaller --lr")
+        brake = (f"a --target_kl under {self._target_kl:g}" if self._target_kl > 0
+                 else "--target_kl 0.01 (a batch's passes end once the policy moved that far)")
+        return (f"the 100-episode mean return fell to {_number(mean)}, giving back {given_back:.0%} of its rise to "
+                f"its best {_number(self._best_return)}: the policy is unlearning; try {rate}, or {brake}")
+
+
+def _number(value: float) -> str:
+    """A return, short: whole numbers from 100 up."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"

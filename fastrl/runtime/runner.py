@@ -608,7 +608,8 @@ class Runner:
         self.actor_compiles_said = False
         action_spec = ActionSpec.from_space(self.action_space)
         self.drift = DriftWatch(cfg.exploration_loss,
-                                gaussian_dims=action_spec.action_dim if isinstance(action_spec, GaussianSpec) else 0)
+                                gaussian_dims=action_spec.action_dim if isinstance(action_spec, GaussianSpec) else 0,
+                                lr_schedule=cfg.lr_schedule, target_kl=cfg.target_kl)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.eval_abandon = StopFlag()  # the evaluator's own stop: ctx.stop lets it finish the evaluation due
         self.evaluator: Optional[object] = None
@@ -1121,7 +1122,9 @@ class Runner:
                 board=self.ctx.board, metrics=self.metrics, returns=self.returns100, objectives=self.objectives100,
                 episodes=self.count("episodes"), elapsed=elapsed, window=self._window,
                 frames=self.env_frames(), trained=self.count("samples_trained")), status=line)
-            for warning in self.drift.check(self.metrics):
+            # One policy's full 100-episode window: several policies' returns make no one curve.
+            full_window = self.cfg.num_policies == 1 and len(self.returns100) == self.returns100.maxlen
+            for warning in self.drift.check(self.metrics, self.returns100 if full_window else None):
                 self.say(f"warning: {warning}")
         self._window = (elapsed, self.env_frames(), self.count("samples_trained"))
         self._last_report = elapsed
