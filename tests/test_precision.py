@@ -17,6 +17,7 @@ from fastrl import enjoy
 from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size, native_bf16
 from fastrl.config import Config, config_from_saved
 from fastrl.learning.learner import Learner
+from fastrl.plumbing import machine_load
 from fastrl.plumbing.params import SharedParams
 from fastrl.plumbing.stats_board import StatsBoard
 from fastrl.sampling.inference import PolicyCopy
@@ -52,14 +53,17 @@ def set_native_bf16(monkeypatch, native: bool) -> None:
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
 
 
-def no_cap(monkeypatch) -> None:
-    """No wall-clock cap on the start-up's measurements: a test run niced on a busy
-    machine may get a few percent of a core, and a measurement that hit its cap
-    is not cached, which is not what these tests are about."""
+def always_cached(monkeypatch) -> None:
+    """No wall-clock cap on the start-up's measurements and no verdict of a busy
+    machine: a test run niced on a busy machine may get a few percent of a core, a
+    full suite's other work (the kernel's writeback included) may take a core beside
+    it, and a measurement that hit its cap or was disturbed is not cached, which is
+    not what these tests are about."""
     from fastrl.runtime import runner
 
     monkeypatch.setattr(precision, "MEASURE_CAP_S", math.inf)
     monkeypatch.setattr(runner, "PROFILE_CAP_S", math.inf)
+    monkeypatch.setattr(machine_load, "disturbed_since", lambda before: False)
 
 
 def fake_measurement(monkeypatch, acting: float, learning: float, capped: bool = False) -> list:
@@ -212,7 +216,7 @@ def test_a_real_measurement_past_its_cap_still_times_every_call(monkeypatch, cac
 def test_a_real_measurement_here_chooses_and_caches(monkeypatch, cache):
     set_native_bf16(monkeypatch, True)  # a CPU without bf16 emulates it: slower, but it runs
     monkeypatch.setattr(precision, "MEASURE_SECONDS", 0.0)  # the minimum of rounds
-    no_cap(monkeypatch)
+    always_cached(monkeypatch)
     got = resolve_precision(cfg(), IMAGE, ACTIONS)
     assert {got.acting, got.learning} <= {"fp32", "bf16"} and got.why.startswith("measured: ")
     (name,) = os.listdir(cache)
@@ -291,7 +295,7 @@ def test_a_cold_start_times_each_forward_once_and_either_cache_alone_still_works
     set_native_bf16(monkeypatch, True)
     monkeypatch.setattr(precision, "MEASURE_SECONDS", 0.0)
     monkeypatch.setattr(runner, "PROFILE_SECONDS", 0.3)
-    no_cap(monkeypatch)
+    always_cached(monkeypatch)
     # fp32 whatever the timings say: a choice that changed between two starts would
     # be another profile (the profile's cache is per arithmetic).
     monkeypatch.setattr(precision, "MIN_GAIN", 1.0)
