@@ -1,7 +1,11 @@
-"""DriftWatch: each warning fires once when its condition starts, again only after it cleared."""
+"""DriftWatch: each warning fires once when its condition starts, again only after it
+cleared; a real run says it on its console."""
 import math
+import re
+import signal
 
 import pytest
+from helpers import TEST_ENVS_ON_PATH, TrainRun
 
 from fastrl.learning.drift import (
     EV_NEGATIVE_REPORTS,
@@ -125,3 +129,20 @@ def test_no_fall_is_judged_before_a_full_window_or_without_a_rise():
     watch = DriftWatch()
     assert watch.check({}, None) == [] and watch.check({}, [float("nan")] * 100) == []
     assert _fall_warnings(watch, [50.0, 40.0, 30.0] + [20.0] * 10) == []  # never rose above its first window
+
+
+def test_a_run_whose_return_falls_back_says_so_with_its_advice(tmp_path):
+    # fading_env's return climbs to 1 over seconds and then pays nothing, whatever the policy does.
+    run = TrainRun(["--env", "fading_env:Fading-v0", "--train_dir", str(tmp_path), "--status_every_seconds", "0.5",
+                    "--num_workers", "1", "--num_envs_per_worker", "8", "--train_for_seconds", "120"],
+                   env=TEST_ENVS_ON_PATH)
+    try:
+        line = run.wait_for_line(lambda text: "warning: the 100-episode mean return fell" in text, timeout=90)
+        run.signal_group(signal.SIGINT)
+        assert run.wait(timeout=30) == 128 + signal.SIGINT, run.output()
+    finally:
+        run.kill_all()
+    # Its first full window had already climbed a little, so 0 gives back over 100% of the rise.
+    assert re.search(r"fell to 0, giving back 1\d\d% of its rise to its best 1: the policy is unlearning; "
+                     r"try --lr_schedule linear", line), line
+    assert run.lines.count(line) == 1
