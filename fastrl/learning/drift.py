@@ -1,6 +1,7 @@
 """Warnings for a run whose learning drifts somewhere it rarely comes back from: the
-loss stats say so long before the return does. Each warning is said once when its
-condition starts, and again only after it has cleared.
+loss stats often say so long before the return does, and a return that gives back its
+rise is said where they did not. Each warning is said once when its condition starts,
+and again only after it has cleared.
 """
 from __future__ import annotations
 
