@@ -1,7 +1,8 @@
 """Warnings for a run whose learning drifts somewhere it rarely comes back from: the
 loss stats often say so long before the return does, and a return that gives back its
 rise is said where they did not. Each warning is said once when its condition starts,
-and again only after it has cleared.
+and again only after it has cleared; the return's, only after a new best, as a run
+that swings about its fallen level would cross the line at every swing.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class DriftWatch:
         self._first_return: Optional[float] = None
         self._best_return = -math.inf
         self._return_fallen_for = 0
+        self._fall_said_at_best = -math.inf
         self._active: set = set()
 
     def check(self, metrics: Dict[str, float], full_window: Optional[Sequence[float]] = None) -> List[str]:
@@ -120,8 +122,9 @@ class DriftWatch:
         noise = RETURN_FALL_STANDARD_ERRORS * statistics.pstdev(returns) / math.sqrt(len(returns))
         fallen = rise > 0 and fall >= RETURN_FALL_FRACTION * rise and fall > noise
         self._return_fallen_for = self._return_fallen_for + 1 if fallen else 0
-        if self._return_fallen_for < RETURN_FALL_REPORTS:
+        if self._return_fallen_for < RETURN_FALL_REPORTS or self._best_return <= self._fall_said_at_best:
             return ""
+        self._fall_said_at_best = self._best_return
         given_back = fall / rise
         rate = ("--lr_schedule linear with a --train_for_env_frames or --train_for_seconds budget (the rate reaches 0 "
                 "at its end)" if self._lr_schedule == "constant" else "a smaller --lr")
