@@ -6,6 +6,7 @@ import io
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -46,7 +47,8 @@ class TrainRun:
 
     def __init__(self, args: list, module: str = "fastrl.train", env: dict | None = None):
         self.shm_before = shm_entries()
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # faulthandler in every process of the run, so that one which overstays its wait can show its stacks.
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.started = time.time()  # about when the command was launched
         self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -110,13 +112,25 @@ class TrainRun:
         raise AssertionError(f"no expected line within {timeout} s:\n" + self.output())
 
     def wait(self, timeout: float) -> int:
+        """The run's exit status once it ends. One that overstays `timeout` fails the test
+        showing where it is stuck: SIGABRT makes each of its processes print its threads'
+        stacks (faulthandler) into the output the assertion shows, then all are killed."""
         deadline = time.time() + timeout
         while self.proc.poll() is None and time.time() < deadline:
             self._note_descendants()
-            time.sleep(0.1)
+            self._take_lines(0.1)
         if self.proc.poll() is None:
+            for pid in [self.proc.pid, *self.descendants]:
+                try:
+                    os.kill(pid, signal.SIGABRT)
+                except ProcessLookupError:
+                    pass
+            time.sleep(3)
             self.kill_all()
-            raise AssertionError(f"the run did not finish within {timeout} s:\n" + self.output())
+            self._reader.join(10)
+            self._take_lines(0)
+            raise AssertionError(f"the run did not finish within {timeout} s; its output and stacks:\n"
+                                 + self.output())
         self._reader.join(10)
         self._take_lines(0)
         return self.proc.returncode

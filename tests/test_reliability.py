@@ -40,30 +40,9 @@ _started: list = []
 
 
 def start(args: list, env: dict | None = None) -> TrainRun:
-    run = TrainRun(args, env={"PYTHONFAULTHANDLER": "1", **(env or {})})
+    run = TrainRun(args, env=env)
     _started.append(run)
     return run
-
-
-def finish(run: TrainRun, timeout: float) -> int:
-    """run.wait, except that a run which overstays shows where it is stuck: every
-    process has faulthandler on, so SIGABRT makes each print its threads' stacks
-    into the output the failed assertion shows."""
-    deadline = time.time() + timeout
-    while run.proc.poll() is None and time.time() < deadline:
-        run._note_descendants()
-        run._take_lines(0.1)
-    if run.proc.poll() is None:
-        for pid in [run.proc.pid, *run.descendants]:
-            try:
-                os.kill(pid, signal.SIGABRT)
-            except ProcessLookupError:
-                pass
-        time.sleep(3)
-        run.kill_all()
-        run.wait(timeout=10)
-        raise AssertionError(f"the run did not finish within {timeout} s; the stacks of its processes:\n{run.output()}")
-    return run.wait(timeout=10)
 
 
 @pytest.fixture(autouse=True)
@@ -150,7 +129,7 @@ def stop_with_sigterm(run: TrainRun, timeout: float) -> None:
     """End a run whose frame budget is out of reach: a fast machine must not finish a
     fault test's run before the faults have been caused."""
     os.kill(run.proc.pid, signal.SIGTERM)
-    assert finish(run, timeout) == 128 + signal.SIGTERM, run.output()
+    assert run.wait(timeout) == 128 + signal.SIGTERM, run.output()
 
 
 def test_a_killed_rollout_worker_is_restarted_and_no_buffer_is_lost(tmp_path):
@@ -191,7 +170,7 @@ def test_a_hung_rollout_worker_is_killed_and_restarted(tmp_path):
 def test_an_env_raising_in_step_is_recreated_and_training_goes_on(tmp_path):
     run = start(["--env", "faulty_env:FlakyStep-v0", *SMALL, "--train_dir", str(tmp_path),
                  "--train_for_env_frames", "6000"], env=TEST_ENVS_ON_PATH)
-    assert finish(run, 60) == 0, run.output()
+    assert run.wait(60) == 0, run.output()
     summary = read_summary(tmp_path, "faulty_env:FlakyStep-v0")
     # Every env instance raises at its 40th step, its replacement 40 steps later.
     assert summary["env_restarts"] >= 6000 // 40 // 2
@@ -201,7 +180,7 @@ def test_an_env_raising_in_step_is_recreated_and_training_goes_on(tmp_path):
 
 def test_an_env_that_always_raises_stops_the_run_naming_it(tmp_path):
     run = start(["--env", "faulty_env:BrokenStep-v0", *SMALL, "--train_dir", str(tmp_path)], env=TEST_ENVS_ON_PATH)
-    assert finish(run, 60) == 1, run.output()
+    assert run.wait(60) == 1, run.output()
     out = run.output()
     assert "rollout-worker 0 failed" in out
     assert "(faulty_env:BrokenStep-v0) failed 3 times in a row" in out
@@ -216,7 +195,7 @@ def test_a_worker_killed_holding_a_queue_lock_does_not_wedge_the_run(tmp_path):
     once = {"FAULTY_ENV_ONCE": str(tmp_path / "once")}
     run = start(["--env", "faulty_env:DiesHoldingALock-v0", *SMALL, "--train_dir", str(tmp_path),
                  "--train_for_env_frames", "20000"], env={**TEST_ENVS_ON_PATH, **once})
-    assert finish(run, 90) == 0, run.output()
+    assert run.wait(90) == 0, run.output()
     assert re.search(r"the episode queue's lock was held by thread \d+, which is gone; freed it\.", run.output())
     assert "rollout-worker 0 was killed by signal 9; restarted it with fresh envs" in run.output()
     summary = read_summary(tmp_path, "faulty_env:DiesHoldingALock-v0")
@@ -229,7 +208,7 @@ def kill_and_see_the_run_stop_naming_it(run: TrainRun, name: str) -> None:
     naming the process and its cause."""
     os.kill(pid_titled(run, f"fastrl: {name}"), signal.SIGKILL)
     killed_at = time.time()
-    assert finish(run, 30) == 1, run.output()
+    assert run.wait(30) == 1, run.output()
     assert time.time() - killed_at < 15
     assert re.search(rf"{re.escape(name)} \(pid \d+\) was killed by SIGKILL", run.output()), run.output()
 
@@ -265,7 +244,7 @@ def policy_worker_restart(run: TrainRun, tmp_path, how, message: str, workers: i
     restart_after(run, f"policy-worker {workers - 1}", how, message, samples_per_buffer=64,
                   restarted_with=tuple(f"policy-worker {i}" for i in range(workers - 1)))
     restarted = next(line for line in run.lines if message in line)
-    assert finish(run, 60) == 0, run.output()
+    assert run.wait(60) == 0, run.output()
     lags = lags_after(run, restarted)
     assert lags and max(lags) <= 25, run.output()  # --max_policy_lag's default
     summary = read_summary(tmp_path, "CartPole-v1")
@@ -338,7 +317,7 @@ def test_a_killed_learner_restarts_the_run_from_its_checkpoint_with_max_restarts
     assert (restart, allowed) == ("1", "2")
     assert int(frames.replace(",", "")) < 25000, run.output()  # else the restarted run need not train to finish
     assert pid_titled(run, "fastrl: learner") != old
-    assert finish(run, 60) == 0, run.output()
+    assert run.wait(60) == 0, run.output()
     assert "reached 50,000 env frames" in run.output()
     summary = read_summary(tmp_path, "CartPole-v1")
     assert summary["learner_restarts"] == 1 and summary["env_frames"] >= 50000, summary
@@ -401,7 +380,7 @@ def test_a_stopped_learner_is_continued_and_leaves_with_the_run(tmp_path, ending
         run.signal_group(signal.SIGINT)  # as a terminal's Ctrl-C
     elif target == "runner":
         os.kill(run.proc.pid, signal.SIGTERM)
-    assert finish(run, 60) == code, run.output()
+    assert run.wait(60) == code, run.output()
     # It left when asked, as a running learner does, writing its final checkpoint;
     # not killed after the runner's minute of waiting for it.
     assert "had to kill" not in run.output()
@@ -451,7 +430,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path,
         fh.truncate(os.path.getsize(newest) // 2)
 
     run = start([*CARTPOLE, "--train_dir", str(tmp_path), "--train_for_env_frames", str(kept["env_frames"] + 3000)])
-    assert finish(run, 90) == 0, run.output()
+    assert run.wait(90) == 0, run.output()
     assert f"Skipping unusable checkpoint: Checkpoint {newest} is truncated" in run.output()
     summary = read_summary(tmp_path, "CartPole-v1")
     assert summary["env_frames"] - summary["env_frames_this_run"] == kept["env_frames"]
@@ -467,7 +446,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
             "--keep_checkpoints", "50"]
     ckpt_dir = tmp_path / "CartPole-v1" / "checkpoints"
     first = start([*args, "--train_for_env_frames", "8000"])
-    assert finish(first, 90) == 0, first.output()
+    assert first.wait(90) == 0, first.output()
     path1 = checkpoints(ckpt_dir)[-1]
     state1 = load_checkpoint(path1)
     counts1 = norm_counts(state1)
@@ -495,7 +474,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
     assert norm_counts({"model": learner.model.state_dict()}) == counts1
 
     second = start([*args, "--train_for_env_frames", "16000"])
-    assert finish(second, 90) == 0, second.output()
+    assert second.wait(90) == 0, second.output()
     resumed = [load_checkpoint(p) for p in checkpoints(ckpt_dir) if p > path1]
     assert resumed, second.output()
     assert norm_counts(resumed[0]) >= counts1  # continued, not started again from zero
@@ -506,7 +485,7 @@ def test_resume_carries_the_obs_normaliser_and_the_rng(tmp_path):
 def test_nan_rewards_drop_their_batch_and_training_goes_on(tmp_path):
     run = start(["--env", "faulty_env:NanOnce-v0", *SMALL, "--train_dir", str(tmp_path),
                  "--train_for_env_frames", "4000"], env=TEST_ENVS_ON_PATH)
-    assert finish(run, 60) == 0, run.output()
+    assert run.wait(60) == 0, run.output()
     summary = read_summary(tmp_path, "faulty_env:NanOnce-v0")
     # All 8 envs hit their one NaN in the same step, so one batch is poisoned, and dropped before
     # the loss sees it: far from the 20 in a row that stop a run.
@@ -519,7 +498,7 @@ def test_nan_rewards_drop_their_batch_and_training_goes_on(tmp_path):
 def test_persistent_nan_stops_the_run_and_keeps_a_good_checkpoint(tmp_path):
     run = start(["--env", "faulty_env:NanReward-v0", *SMALL, "--train_dir", str(tmp_path),
                  "--checkpoint_every_seconds", "1"], env=TEST_ENVS_ON_PATH)
-    assert finish(run, 60) == 1, run.output()
+    assert run.wait(60) == 1, run.output()
     assert "learner failed" in run.output()
     assert ("faulty_env:NanReward-v0 sent non-finite rewards (NaN or inf) in 21 batches in a row, past "
             "--max_bad_batches 20") in run.output()
@@ -540,7 +519,7 @@ def test_persistent_nan_stops_the_run_and_keeps_a_good_checkpoint(tmp_path):
 def test_an_unwritable_train_dir_is_refused_before_any_process(tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     run = start([*CARTPOLE, "--train_dir", str(tmp_path / "a_file" / "runs")])
-    assert finish(run, 60) == 2
+    assert run.wait(60) == 2
     assert (f"The experiment folder {tmp_path / 'a_file' / 'runs' / 'CartPole-v1'} cannot be written "
             f"({tmp_path / 'a_file'} is not a folder)") in run.output()
     assert "Traceback" not in run.output()
@@ -552,7 +531,7 @@ def test_a_checkpoint_from_another_env_is_refused(tmp_path, cartpole_experiment)
     shutil.copytree(cartpole_experiment / "checkpoints", tmp_path / "other" / "checkpoints")
     before = checkpoints(tmp_path / "other" / "checkpoints")
     run = start(["--env", "CartPole-v0", *SMALL, "--train_dir", str(tmp_path), "--experiment", "other"])
-    assert finish(run, 60) == 2
+    assert run.wait(60) == 2
     assert re.search(r"The checkpoint \S+ was trained on CartPole-v1, not CartPole-v0; pass --restart", run.output())
     assert "Traceback" not in run.output()
     assert run.worker_titles() == []
