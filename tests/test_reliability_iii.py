@@ -21,7 +21,6 @@ from test_reliability import (
     _no_run_outlives_its_test,  # noqa: F401  (kills what a failed test left running)
     assert_nothing_left,
     checkpoints,
-    finish,
     pid_titled,
     start,
     wait_for_frames,
@@ -169,7 +168,7 @@ def test_a_nan_observation_and_reward_drop_their_batch_and_never_reach_the_stati
     # counted, the normaliser stays finite, and the NaN episodes leave the mean return alone.
     run = start(["--env", "bad_data_env:NanBurst-v0", *SMALL, "--normalize_obs", "--train_dir", str(tmp_path),
                  "--train_for_env_frames", "4000", "--plan", "off"], env=TEST_ENVS_ON_PATH)
-    assert finish(run, 90) == 0, run.output()
+    assert run.wait(90) == 0, run.output()
     experiment = tmp_path / "bad_data_env:NanBurst-v0"
     summary = strict_json(experiment / "summary.json")
     assert summary["bad_batches_dropped"] >= 1 and summary["samples_trained"] > 0, summary
@@ -186,7 +185,7 @@ def test_a_nan_observation_and_reward_drop_their_batch_and_never_reach_the_stati
 def test_nan_observations_that_keep_coming_stop_the_run_naming_the_env(tmp_path):
     run = start(["--env", "bad_data_env:NanObs-v0", *SMALL, "--train_dir", str(tmp_path), "--max_bad_batches", "3",
                  "--plan", "off", "--checkpoint_every_seconds", "0.5"], env=TEST_ENVS_ON_PATH)
-    assert finish(run, 90) == 1, run.output()
+    assert run.wait(90) == 1, run.output()
     assert ("BadDataError: bad_data_env:NanObs-v0 sent non-finite observations (NaN or inf) in 4 batches in a row, "
             "past --max_bad_batches 3; fix the env, or wrap it to clean its output.") in run.output()
     for path in checkpoints(tmp_path / "bad_data_env:NanObs-v0" / "checkpoints"):
@@ -204,7 +203,7 @@ def test_nan_observations_that_keep_coming_stop_the_run_naming_the_env(tmp_path)
 def test_an_observation_of_the_wrong_shape_or_dtype_is_refused_at_once(tmp_path, env, wrong):
     run = start(["--env", f"bad_data_env:{env}", *SMALL, "--train_dir", str(tmp_path), "--plan", "off"],
                 env=TEST_ENVS_ON_PATH)
-    assert finish(run, 90) == 1, run.output()
+    assert run.wait(90) == 1, run.output()
     assert f"ObservationMismatchError: {wrong}" in run.output()
     assert_nothing_left(run)
 
@@ -243,7 +242,7 @@ def test_a_frozen_learner_is_named_and_the_run_restarts_then_stops(tmp_path):
     again = pid_titled(run, "fastrl: learner")
     assert again != frozen
     os.kill(again, signal.SIGSTOP)
-    assert finish(run, 60) == 1, run.output()
+    assert run.wait(60) == 1, run.output()
     assert ("fastrl: learner sent no heartbeat for 3 s and was killed.\nfastrl: stopping the run, as the 1 restarts "
             "--max_restarts allows are used up.") in run.output()
     assert read_summary(tmp_path, "CartPole-v1")["learner_restarts"] == 1
