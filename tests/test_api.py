@@ -161,9 +161,13 @@ def test_a_script_trains_an_env_it_registers_itself(tmp_path):
     assert len(result["actions"]) == 2
 
 
+# The script takes Ctrl-C as one started from a terminal does: a process started in the
+# background of a non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and a
+# Python so started would never raise KeyboardInterrupt for fastrl.train to forward.
 INTERRUPTED_SCRIPT = textwrap.dedent("""
-    import sys, fastrl
+    import signal, sys, fastrl
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = fastrl.Config(env="CartPole-v1", train_dir=sys.argv[1], train_for_seconds=300, num_envs_per_worker=8,
                         batch_size=256, plan="off", status_every_seconds=1.0)
     try:
