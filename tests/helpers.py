@@ -119,20 +119,16 @@ class TrainRun:
         while self.proc.poll() is None and time.time() < deadline:
             self._note_descendants()
             self._take_lines(0.1)
-        if self.proc.poll() is None:
-            for pid in [self.proc.pid, *self.descendants]:
-                try:
-                    os.kill(pid, signal.SIGABRT)
-                except ProcessLookupError:
-                    pass
+        overstayed = self.proc.poll() is None
+        if overstayed:
+            self.kill_all(signal.SIGABRT)
             time.sleep(3)
             self.kill_all()
-            self._reader.join(10)
-            self._take_lines(0)
-            raise AssertionError(f"the run did not finish within {timeout} s; its output and stacks:\n"
-                                 + self.output())
         self._reader.join(10)
         self._take_lines(0)
+        if overstayed:
+            raise AssertionError(f"the run did not finish within {timeout} s; its output and stacks:\n"
+                                 + self.output())
         return self.proc.returncode
 
     def output(self) -> str:
@@ -159,10 +155,10 @@ class TrainRun:
         new = shm_entries() - self.shm_before
         return new - {os.path.basename(p) for p in mapped_paths("/dev/shm/")} if new else new
 
-    def kill_all(self) -> None:
+    def kill_all(self, sig: int = signal.SIGKILL) -> None:
         for pid in self.descendants | {self.proc.pid}:
             try:
-                os.kill(pid, 9)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
