@@ -53,8 +53,10 @@ the curve. Before 100 episodes the mean is over those finished, on every system.
   frames            env frames at the last report (agent steps x frameskip: 4 on Doom).
   return at equal frames  the return(100) of the first report at or past --at_frames
                     env frames (1M by default): the two systems at equal env steps,
-                    what counts where a step is expensive. The record also keeps
-                    fall_from_best: how far the last report fell below the best one.
+                    what counts where a step is expensive.
+  largest fall      the deepest the return(100) fell below its best so far, as a
+                    share of that best's rise above the first report: a run stopped
+                    at that moment keeps the worse policy.
 Returns are training-episode returns (with exploration), not a separate evaluation,
 on all systems alike; on Doom they are the game's own score: fastrl's objective(100)
 where its status line has one (a scenario trained on a shaped reward reports the
@@ -260,13 +262,20 @@ def return_at_frames(curve: list, frames: int) -> float | None:
     return next((ret for _, f, ret in curve if f >= frames), None)
 
 
-def fall_from_best(curve: list) -> float | None:
-    """How far the last report's return(100) lies below the best one, as a fraction of
-    the best's distance from the first report's (0: ended at its best); None without two."""
+def largest_fall(curve: list) -> float | None:
+    """The deepest fall of return(100) below its best so far, as a fraction of that best's
+    rise above the first report (0: never fell). A run stopped at any moment keeps the
+    policy of that moment, so the deepest fall, not the last report's, is what a user
+    risks. None without two reports or a rise."""
     returns = [ret for _, _, ret in curve if ret is not None]
     if len(returns) < 2 or max(returns) == returns[0]:
         return None
-    return (max(returns) - returns[-1]) / (max(returns) - returns[0])
+    first, best, deepest = returns[0], returns[0], 0.0
+    for ret in returns[1:]:
+        best = max(best, ret)
+        if best > first:
+            deepest = max(deepest, (best - ret) / (best - first))
+    return deepest
 
 
 LATE_WINDOW_S = 30.0
@@ -376,7 +385,7 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
         "time_to_target": time_to_target(kept, target),
         "return_at_budget": return_at_budget(kept),
         "at_frames": args.at_frames, "return_at_frames": return_at_frames(kept, args.at_frames),
-        "fall_from_best": fall_from_best(kept),
+        "largest_fall": largest_fall(kept),
         "frames": kept[-1][1] if kept else None,
         "reports_past_budget": len(curve) - len(kept),
         "wall_s": round(run.exited - run.launched, 1), "returncode": run.returncode,
@@ -427,8 +436,8 @@ def table(results: list) -> str:
         groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
     rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
             f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) "
-            "| return at equal frames (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| return at equal frames (median) | largest fall (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (env, name, seconds), runs in sorted(groups.items()):
         target = runs[0]["target"]
         if target is None:
@@ -443,8 +452,13 @@ def table(results: list) -> str:
                     f"| {'-' if target is None else f'{target:g}'} | {reached} | {ttt} "
                     f"| {_fmt(_median_or_none(r['return_at_budget'] for r in runs))} "
                     f"| {_fmt(_median_or_none(late_return(r['curve']) for r in runs))} "
-                    f"| {_fmt(_median_or_none(r['frames'] for r in runs))} | {_at_frames_cell(runs)} |")
+                    f"| {_fmt(_median_or_none(r['frames'] for r in runs))} | {_at_frames_cell(runs)} "
+                    f"| {_share(_median_or_none(r.get('largest_fall') for r in runs))} |")
     return "\n".join(rows)
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _at_frames_cell(runs: list) -> str:

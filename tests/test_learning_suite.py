@@ -228,14 +228,21 @@ def test_sb3_on_fastrls_atari_env_sees_signed_rewards_and_whole_game_scores():
     env.close()
 
 
-def test_equal_frames_and_the_fall_from_the_best_are_read_off_the_curve():
+def test_equal_frames_and_the_largest_fall_from_the_best_are_read_off_the_curve():
     curve = [[5.0, 400_000, 100.0], [10.0, 900_000, 800.0], [15.0, 1_300_000, 1000.0], [20.0, 2_000_000, 900.0]]
     assert ls.return_at_frames(curve, 1_000_000) == 1000.0  # the first report at or past it
     assert ls.return_at_frames(curve, 3_000_000) is None
-    assert ls.fall_from_best(curve) == pytest.approx(100.0 / 900.0)
-    assert ls.fall_from_best(curve[:1]) is None
+    assert ls.largest_fall(curve) == pytest.approx(100.0 / 900.0)  # of the rise from 100 to 1000
+    # A fall mid-run counts though the run ended at a new best: 1000 down to 400 gives back 2/3.
+    dipped = [*curve[:3], [20.0, 2_000_000, 400.0], [25.0, 2_500_000, 1200.0]]
+    assert ls.largest_fall(dipped) == pytest.approx(600.0 / 900.0)
+    assert ls.largest_fall([[5.0, 1, 100.0], [10.0, 2, 50.0]]) is None  # never rose above the first report
+    assert ls.largest_fall(curve[:1]) is None
     runs = [{**_record("fastrl", seed, None, 900.0, 2_000_000, target=None), "at_frames": 1_000_000,
-             "return_at_frames": ret} for seed, ret in enumerate([1000.0, 700.0, 1200.0])]
+             "return_at_frames": ret, "largest_fall": fall}
+            for seed, (ret, fall) in enumerate([(1000.0, 0.1), (700.0, 0.5), (1200.0, 0.2)])]
     assert ls.headline(runs)["fastrl_return_at_1,000,000_frames"] == 1000.0
     row = ls.table(runs).splitlines()[2]
     assert row.split("|")[11] == " 1,000 at 1,000,000 "
+    assert row.split("|")[12] == " 20% "  # the median seed's
+    assert ls.table([_record("fastrl", 0, None, 1.0, 1)]).splitlines()[2].split("|")[12] == " - "  # an older record

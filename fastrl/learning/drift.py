@@ -30,7 +30,7 @@ EV_NEGATIVE_REPORTS = 6
 # window to its best) and this many standard errors of the window's mean, this many
 # reports running: the policy is unlearning. A healthy run's moving mean dips less, for
 # a report or two; Hopper-v5's falls at a constant rate are what it catches
-# (benchmarks/learning_suite.py, fall_from_best). The standard errors keep a resumed or
+# (benchmarks/learning_suite.py, largest_fall). The standard errors keep a resumed or
 # plateaued run, whose rise is small beside its noise, from warning on noise.
 RETURN_FALL_FRACTION = 0.3
 RETURN_FALL_STANDARD_ERRORS = 3.0
