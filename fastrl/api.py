@@ -147,9 +147,9 @@ def _run_command(argv: List[str], echo: bool) -> tuple:
     last_errors: collections.deque = collections.deque(maxlen=20)
     copiers = [threading.Thread(target=_copy_lines, args=(proc.stdout, sys.stdout if echo else None, None)),
                threading.Thread(target=_copy_lines, args=(proc.stderr, sys.stderr if echo else None, last_errors))]
-    for copier in copiers:
-        copier.start()
-    try:
+    try:  # from the copiers' start: a Ctrl-C as they start is the run's too
+        for copier in copiers:
+            copier.start()
         code = proc.wait()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)
@@ -157,6 +157,8 @@ def _run_command(argv: List[str], echo: bool) -> tuple:
         raise
     finally:
         for copier in copiers:
+            if copier.ident is None:  # kept from starting by that Ctrl-C: its pipe must still be read to the end
+                copier.start()
             copier.join()
     return code, list(last_errors)
 

@@ -6,13 +6,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 from helpers import TrainRun, make_experiment
 
 import fastrl
+from fastrl import api
 from fastrl.api import command_line
 from fastrl.config import parse_args
 
@@ -188,6 +192,48 @@ def test_ctrl_c_stops_the_run_as_it_stops_the_command_then_raises_keyboard_inter
     assert os.listdir(tmp_path / "runs" / "CartPole-v1" / "checkpoints")  # the last checkpoint, at the stop
     assert os.path.isfile(tmp_path / "runs" / "CartPole-v1" / "summary.json")
     assert run.leftover_processes() == []
+
+
+class CtrlCAtFirstStart(threading.Thread):
+    """A thread whose first start in the test is followed by a KeyboardInterrupt, as a
+    Ctrl-C pressed while fastrl.train starts its output's copiers would raise."""
+    starts = 0
+
+    def start(self):
+        super().start()
+        CtrlCAtFirstStart.starts += 1
+        if CtrlCAtFirstStart.starts == 1:
+            raise KeyboardInterrupt
+
+
+def training_children() -> list:
+    """This process's children that run fastrl.train."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "fastrl.train" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            pass  # gone, or a zombie about to be reaped
+    return found
+
+
+def test_a_ctrl_c_while_the_output_copiers_start_reaches_the_run_too(tmp_path, monkeypatch):
+    # The first copier started, the second not: the run must get the Ctrl-C, and both its
+    # pipes be read to its end, or it would train on to its budget behind the caller's back.
+    monkeypatch.setattr(api.threading, "Thread", CtrlCAtFirstStart)
+    argv = command_line(fastrl.Config(env="CartPole-v1", train_dir=str(tmp_path), train_for_seconds=120, plan="off"))
+    started = time.time()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            api._run_command(argv, echo=False)
+    finally:
+        monkeypatch.undo()
+        runs = training_children()
+        for run in runs:
+            run.kill()
+    assert runs == [] and CtrlCAtFirstStart.starts == 2
+    assert time.time() - started < 60  # it ended on the Ctrl-C, not at its 120-s budget
 
 
 def test_the_command_line_train_runs_asks_for_exactly_the_config():
