@@ -45,10 +45,11 @@ def gaussian_std(entropy: float, dims: int) -> float:
 class DriftWatch:
     """`gaussian_dims`: the action dimensions where the actions are one diagonal Gaussian
     (a Box), whose collapse is judged on its std; 0 for discrete and mixed actions.
-    `lr_schedule` and `target_kl` (the run's) pick the advice for a return that falls back."""
+    `lr_schedule`, `target_kl` and `evaluating` (whether --eval_every_frames keeps a best
+    checkpoint) pick the advice for a return that falls back."""
 
     def __init__(self, exploration_loss: str = "entropy", gaussian_dims: int = 0, lr_schedule: str = "constant",
-                 target_kl: float = 0.0):
+                 target_kl: float = 0.0, evaluating: bool = False):
         # Under the KL-to-uniform term a low entropy is an equilibrium, not a collapse
         # (its pull on a dying action stays), so warn of collapse only under the
         # entropy bonus, whose pull fades.
@@ -59,6 +60,7 @@ class DriftWatch:
         self._kl_large_for = 0
         self._lr_schedule = lr_schedule
         self._target_kl = target_kl
+        self._evaluating = evaluating
         self._first_return: Optional[float] = None
         self._best_return = -math.inf
         self._return_fallen_for = 0
@@ -130,8 +132,12 @@ class DriftWatch:
                 "at its end)" if self._lr_schedule == "constant" else "a smaller --lr")
         brake = (f"a --target_kl under {self._target_kl:g}" if self._target_kl > 0
                  else "--target_kl 0.01 (a batch's passes end once the policy moved that far)")
+        # Hopper-v5's deterministic evaluations fall with its training returns: whatever the
+        # schedule, only an evaluator keeps the best policy.
+        best = ("the best evaluated policy stays in checkpoints/best.pt" if self._evaluating else
+                "--eval_every_frames keeps the best policy it sees in checkpoints/best.pt")
         return (f"the 100-episode mean return fell to {_number(mean)}, giving back {given_back:.0%} of its rise to "
-                f"its best {_number(self._best_return)}: the policy is unlearning; try {rate}, or {brake}")
+                f"its best {_number(self._best_return)}: the policy is unlearning; try {rate}, or {brake}; {best}")
 
 
 def _number(value: float) -> str:

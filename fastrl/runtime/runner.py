@@ -609,7 +609,8 @@ class Runner:
         action_spec = ActionSpec.from_space(self.action_space)
         self.drift = DriftWatch(cfg.exploration_loss,
                                 gaussian_dims=action_spec.action_dim if isinstance(action_spec, GaussianSpec) else 0,
-                                lr_schedule=cfg.lr_schedule, target_kl=cfg.target_kl)
+                                lr_schedule=cfg.lr_schedule, target_kl=cfg.target_kl,
+                                evaluating=cfg.eval_every_frames > 0)
         self.eval_queue = faster_fifo.Queue(max_size_bytes=100_000)
         self.eval_abandon = StopFlag()  # the evaluator's own stop: ctx.stop lets it finish the evaluation due
         self.evaluator: Optional[object] = None
