@@ -225,6 +225,7 @@ def test_a_ctrl_c_while_the_output_copiers_start_reaches_the_run_too(tmp_path, m
     # (in the background of a shell it inherits SIGINT ignored, and a forwarded Ctrl-C that
     # lands before its own handler would be lost).
     monkeypatch.setattr(api.threading, "Thread", CtrlCAtFirstStart)
+    monkeypatch.setattr(CtrlCAtFirstStart, "starts", 0)
     argv = command_line(fastrl.Config(env="CartPole-v1", train_dir=str(tmp_path), train_for_seconds=60, plan="off"))
     caller_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.time()
@@ -233,11 +234,12 @@ def test_a_ctrl_c_while_the_output_copiers_start_reaches_the_run_too(tmp_path, m
             api._run_command(argv, echo=False)
     finally:
         signal.signal(signal.SIGINT, caller_handler)
+        starts = CtrlCAtFirstStart.starts
         monkeypatch.undo()
         runs = training_children()
         for run in runs:
             run.kill()
-    assert runs == [] and CtrlCAtFirstStart.starts == 2
+    assert runs == [] and starts == 2
     assert time.time() - started < 40  # it ended on the Ctrl-C, not at its 60-s budget
 
 
