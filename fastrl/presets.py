@@ -75,6 +75,13 @@ _VECTOR_OBSERVATIONS = {"vtrace_lambda": 0.95}
 # Pendulum-v1 kept its time to target (benchmarks/learning_suite.py --at_frames).
 _CONTINUOUS_CONTROL = {"normalize_obs": True, "log_std_init": -1.0, "minibatch_split": "samples"}
 
+# Continuous control, too: its returns climb, then can give back half their rise within
+# minutes, at every learning rate, schedule and KL brake measured, and so do deterministic
+# evaluations of the policy. An evaluator keeps the best policy it sees in checkpoints/best.pt;
+# it runs niced on one thread and cost the first batch nothing measurable
+# (benchmarks/learning_suite.py, best.pt replayed against the last checkpoint; benchmarks/startup.py).
+_KEEP_BEST_POLICY = {"eval_every_frames": 250_000, "eval_episodes": 10}
+
 
 def preset_for(env_name: str) -> dict:
     """The defaults an env's name brings: its family's (PRESETS), then its own."""
@@ -101,7 +108,7 @@ def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
     if continuous:
         groups.append(_CONTINUOUS_ACTIONS)
     if vector and continuous:
-        groups.append(_CONTINUOUS_CONTROL)
+        groups += [_CONTINUOUS_CONTROL, _KEEP_BEST_POLICY]
     values = {}
     for group in groups:  # a group's values were measured together: all of it, or none
         if not named.keys() & group.keys():

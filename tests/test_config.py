@@ -122,7 +122,8 @@ def test_vector_observations_and_continuous_actions_bring_their_defaults_unless_
     vector, image = gymnasium.spaces.Box(-1.0, 1.0, (4,)), gymnasium.spaces.Box(0, 255, (3, 36, 36), "uint8")
     assert preset_for_spaces("Pendulum-v1", vector, box) == {
         "lr": 1e-3, "target_kl": 0.01, "vtrace_lambda": 0.95,
-        "normalize_obs": True, "log_std_init": -1.0, "minibatch_split": "samples"}  # continuous control
+        "normalize_obs": True, "log_std_init": -1.0, "minibatch_split": "samples",  # continuous control
+        "eval_every_frames": 250_000, "eval_episodes": 10}  # and its evaluator, keeping the best policy
     assert preset_for_spaces("Walker2d-v5", gymnasium.spaces.Box(-np.inf, np.inf, (17,)), box)["normalize_obs"]
     assert preset_for_spaces("CartPole-v1", vector, gymnasium.spaces.Discrete(2)) == {"vtrace_lambda": 0.95}
     assert preset_for_spaces("ReactImage-v0", image, gymnasium.spaces.Discrete(2)) == {}  # images keep lambda 1
@@ -177,8 +178,8 @@ def test_each_value_off_its_default_names_where_it_came_from(tmp_path):
     assert planned and all(getattr(prepared.cfg, k) != getattr(Config(), k) for k in planned)
     line = describe_origins(prepared.cfg, origins)
     assert "given: lr=0.0003, seed=3" in line and \
-        "spaces preset: log_std_init=-1.0, minibatch_split=samples, normalize_obs=True, target_kl=0.01, " \
-        "vtrace_lambda=0.95" in line
+        "spaces preset: eval_episodes=10, eval_every_frames=250000, log_std_init=-1.0, minibatch_split=samples, " \
+        "normalize_obs=True, target_kl=0.01, vtrace_lambda=0.95" in line
     # config.json keeps them beside the options, and reading it back takes the options alone.
     path = tmp_path / "config.json"
     save_config(prepared.cfg, str(path), origins)

@@ -1,5 +1,6 @@
 """The trainer as a user runs it: `python -m fastrl.train`, real envs, real processes."""
 import json
+import math
 import os
 import re
 import shutil
@@ -11,7 +12,7 @@ import pytest
 from helpers import REPO, TESTS, TrainRun, make_experiment, read_summary
 
 from fastrl import enjoy
-from fastrl.learning.checkpoint import checkpoint_dir, load_latest_checkpoint, save_checkpoint
+from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, load_latest_checkpoint, save_checkpoint
 from fastrl.plumbing import timeline
 
 # Small and quick on CPU, and what the tuned CartPole defaults look like.
@@ -219,6 +220,18 @@ def test_any_gymnasium_env_with_box_actions_trains(tmp_path):
     with open(tmp_path / "Pendulum-v1" / "config.json") as f:
         saved = json.load(f)
     assert (saved["lr"], saved["target_kl"]) == (1e-3, 0.01)  # the continuous-action preset, as trained and saved
+
+
+def test_continuous_control_keeps_its_best_policy_by_default(tmp_path):
+    run = TrainRun(["--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "260000",
+                    "--seed", "0"])
+    assert run.wait(timeout=150) == 0, run.output()
+    # The preset's evaluator played its 10 episodes at 250,000 frames and kept that policy.
+    evaluations = [line for line in run.lines if "evaluation at" in line]
+    assert len(evaluations) == 1 and "over 10 deterministic episodes" in evaluations[0], run.output()
+    best = load_checkpoint(str(tmp_path / "Pendulum-v1" / "checkpoints" / "best.pt"))
+    assert best["env_frames"] >= 250_000 and math.isfinite(best["best_score"])
+    assert read_summary(tmp_path, "Pendulum-v1")["env_frames"] >= 260_000
 
 
 def _random_policy_return(env_id: str, episodes: int, seed: int = 0) -> float:
