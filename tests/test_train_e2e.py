@@ -162,35 +162,37 @@ def test_resume_continues_frames_version_and_optimizer(tmp_path):
 
 def test_a_config_file_sets_options_and_a_resume_keeps_them_but_for_those_given_again(tmp_path):
     options = tmp_path / "run.yaml"
-    options.write_text("env: CartPole-v1\nlr: 0.001\nhidden_sizes: [32, 32]\nnormalize_obs: yes\n"
+    # Pendulum: its presets set lr and normalize_obs, which the values given here, then saved, must keep on resume.
+    options.write_text("env: Pendulum-v1\nlr: 0.0005\nhidden_sizes: [32, 32]\nnormalize_obs: no\n"
                        "train_for_env_frames: 20000\nstatus_every_seconds: 1\n")
     first = TrainRun(["--config", str(options), "--train_dir", str(tmp_path), "--gamma", "0.98"])
     assert first.wait(timeout=90) == 0, first.output()
-    config_json = tmp_path / "CartPole-v1" / "config.json"
+    config_json = tmp_path / "Pendulum-v1" / "config.json"
     saved = json.loads(config_json.read_text())
-    assert (saved["lr"], saved["hidden_sizes"], saved["normalize_obs"], saved["gamma"]) == (0.001, "32,32", True, 0.98)
+    assert (saved["lr"], saved["hidden_sizes"], saved["normalize_obs"], saved["gamma"]) == \
+        (0.0005, "32,32", False, 0.98)
     assert saved["origins"]["lr"] == saved["origins"]["gamma"] == "given"
     assert "options off their defaults, by source: " in first.output()
 
     # Resumed with one option changed: the rest stay as the run was trained, and the run says what changed.
-    second = TrainRun(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "40000"])
+    second = TrainRun(["--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "40000"])
     assert second.wait(timeout=90) == 0, second.output()
     assert (f"fastrl: resuming with the options {config_json} saved; changed on this command line: "
             "train_for_env_frames 20000 -> 40000") in second.output()
     again = json.loads(config_json.read_text())
     assert {k: again[k] for k in ("lr", "hidden_sizes", "normalize_obs", "gamma", "train_for_env_frames")} == {
-        "lr": 0.001, "hidden_sizes": "32,32", "normalize_obs": True, "gamma": 0.98, "train_for_env_frames": 40000}
+        "lr": 0.0005, "hidden_sizes": "32,32", "normalize_obs": False, "gamma": 0.98, "train_for_env_frames": 40000}
     assert again["origins"]["lr"] == "saved run" and again["origins"]["train_for_env_frames"] == "given"
-    assert read_summary(tmp_path, "CartPole-v1")["env_frames"] >= 40000
-    checkpoints = str(tmp_path / "CartPole-v1" / "checkpoints")
-    assert load_latest_checkpoint(checkpoints)[0]["optimizer"]["param_groups"][0]["lr"] == 0.001
+    assert read_summary(tmp_path, "Pendulum-v1")["env_frames"] >= 40000
+    checkpoints = str(tmp_path / "Pendulum-v1" / "checkpoints")
+    assert load_latest_checkpoint(checkpoints)[0]["optimizer"]["param_groups"][0]["lr"] == 0.0005
 
     # A new rate given on the command line is the rate trained at, not the one the optimizer state saved.
-    third = TrainRun(["--env", "CartPole-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "60000",
-                      "--lr", "0.0005"])
+    third = TrainRun(["--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--train_for_env_frames", "60000",
+                      "--lr", "0.0002"])
     assert third.wait(timeout=90) == 0, third.output()
-    assert "lr 0.001 -> 0.0005" in third.output()
-    assert load_latest_checkpoint(checkpoints)[0]["optimizer"]["param_groups"][0]["lr"] == 0.0005
+    assert "lr 0.0005 -> 0.0002" in third.output()
+    assert load_latest_checkpoint(checkpoints)[0]["optimizer"]["param_groups"][0]["lr"] == 0.0002
 
 
 @pytest.mark.parametrize("text, words", [

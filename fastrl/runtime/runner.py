@@ -454,9 +454,10 @@ def _spec_env(cfg: Config, spec):
 
 
 def _spaces_presets(cfg: Config, obs_space, action_space, explicit: set, origins: dict) -> Config:
-    """cfg with the defaults the env's spaces bring (fastrl.presets), checked against them."""
+    """cfg with the defaults the env's spaces bring (fastrl.presets), checked against them. A resumed
+    run keeps the values it saved, given or preset, even where a preset has changed since."""
     from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space).items()
-                   if k not in explicit}
+                   if k not in explicit and origins.get(k) != "saved run"}
     origins.update(dict.fromkeys(from_spaces, "spaces preset"))
     cfg = dataclasses.replace(cfg, **from_spaces)
     if cfg.exploration_loss == "symmetric_kl" and ActionSpec.from_space(action_space).is_continuous:
