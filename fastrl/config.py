@@ -165,7 +165,8 @@ class Config:
     batch_size: int = _opt(1024, "Samples (env steps) per learner batch, per rank under torchrun; a multiple of "
                                  "rollout x envs per split.", common=True,
                            why="Under torchrun each gradient step averages over ranks x this many samples.")
-    ppo_epochs: int = _opt(2, "Passes over each batch.")
+    ppo_epochs: int = _opt(2, "Passes over each batch; 4 on Atari and on MuJoCo's Hopper, Walker2d, Ant, "
+                                 "Humanoid (fastrl/presets.py).")
     num_minibatches: int = _opt(4, "Gradient steps per pass; the batch is split evenly among them (see "
                                    "--minibatch_split).")
     minibatch_split: str = _opt(
@@ -177,8 +178,8 @@ class Config:
             "targets computed over whole trajectories once per batch; 'trajectories' takes consecutive steps of a few "
             "envs and recomputes the targets at each minibatch. A GRU's state needs the steps before.",
     )
-    lr: float = _opt(2e-3, "Adam learning rate; 1e-3 (with --target_kl 0.01) for continuous actions, unless the env's "
-                           "presets set one (fastrl/presets.py).", common=True,
+    lr: float = _opt(2e-3, "Adam learning rate; 1e-3 (with --target_kl 0.01) for continuous actions; env presets set "
+                           "others, e.g. 3e-4 on Hopper, Walker2d, Ant, Humanoid (fastrl/presets.py).", common=True,
                      why="2e-3 rather than 1e-3 because CartPole-v1 and LunarLander-v3 reach their target returns "
                          "sooner with it (benchmarks/cartpole_time_to_score.py, benchmarks/learning_suite.py).")
     adam_eps: float = _opt(1e-6, "Adam epsilon.")

@@ -84,6 +84,17 @@ _CONTINUOUS_CONTROL = {"normalize_obs": True, "log_std_init": -1.0, "minibatch_s
 _KEEP_BEST_POLICY = {"eval_every_frames": 250_000, "eval_episodes": 10}
 
 
+# Gymnasium's MuJoCo locomotion tasks that end when the body falls, on top of continuous
+# control: four passes at a rate a third as large, which the KL brake lets use most of each
+# batch, not its first minibatch. Their simulator's steps cost far more than a learner's
+# pass, so the passes cost few frames; Hopper-v5, Walker2d-v5 and Humanoid-v5 learned more
+# per env step and per second, Ant-v5 as much. HalfCheetah-v5 (it never falls) reached its
+# target later with them, and Pendulum-v1 lost frames to them: both are left out
+# (benchmarks/learning_suite.py --at_frames).
+_LOCOMOTION = {"lr": 3e-4, "ppo_epochs": 4}
+LOCOMOTION_TASKS = ("Hopper", "Walker2d", "Ant", "Humanoid")
+
+
 def preset_for(env_name: str) -> dict:
     """The defaults an env's name brings: its family's (PRESETS), then its own."""
     values = {}
@@ -95,9 +106,9 @@ def preset_for(env_name: str) -> dict:
 
 
 def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
-    """The defaults an env's observation and action spaces bring, for the options
-    its name's presets leave alone: a doom_* or single-env preset is tuned as a
-    whole and keeps its own values."""
+    """The defaults an env's observation and action spaces bring (and, for gymnasium's
+    MuJoCo locomotion tasks, their family's), for the options its name's presets leave
+    alone: a doom_* or single-env preset is tuned as a whole and keeps its own values."""
     import gymnasium
 
     named = preset_for(env_name)
@@ -110,8 +121,21 @@ def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
         groups.append(_CONTINUOUS_ACTIONS)
     if vector and continuous:
         groups += [_CONTINUOUS_CONTROL, _KEEP_BEST_POLICY]
+        if is_locomotion_task(env_name):
+            groups.append(_LOCOMOTION)
     values = {}
     for group in groups:  # a group's values were measured together: all of it, or none
         if not named.keys() & group.keys():
             values.update(group)
     return values
+
+
+def is_locomotion_task(env_name: str) -> bool:
+    """Whether `env_name` is one of gymnasium's own MuJoCo locomotion tasks (any version),
+    not a user's env that shares its name."""
+    import gymnasium
+
+    spec = gymnasium.envs.registry.get(env_name)
+    entry = spec.entry_point if spec is not None else None
+    return (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco.")
+            and env_name.rsplit("-v", 1)[0] in LOCOMOTION_TASKS)

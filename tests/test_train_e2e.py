@@ -261,8 +261,9 @@ def test_a_mujoco_task_learns_past_a_random_policy_with_the_continuous_control_d
     assert run.wait(timeout=150) == 0, run.output()
     with open(tmp_path / "Hopper-v5" / "config.json") as f:
         saved = json.load(f)
-    # The continuous-control defaults, as trained and saved.
+    # The continuous-control defaults and the locomotion family's, as trained and saved.
     assert (saved["normalize_obs"], saved["log_std_init"], saved["minibatch_split"]) == (True, -1.0, "samples")
+    assert (saved["lr"], saved["ppo_epochs"], saved["origins"]["ppo_epochs"]) == (3e-4, 4, "spaces preset")
     random_return = _random_policy_return("Hopper-v5", episodes=50)
     summary = read_summary(tmp_path, "Hopper-v5")
     # Random actions fall within ~20 steps (a return near 20); standing and hopping for
