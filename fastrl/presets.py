@@ -106,8 +106,8 @@ def preset_for(env_name: str) -> dict:
 
 
 def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
-    """The defaults an env's observation and action spaces bring (and, for gymnasium's
-    MuJoCo locomotion tasks, their family's), for the options its name's presets leave
+    """The defaults an env's observation and action spaces bring (and, for the MuJoCo
+    tasks in LOCOMOTION_TASKS, their family's), for the options its name's presets leave
     alone: a doom_* or single-env preset is tuned as a whole and keeps its own values."""
     import gymnasium
 
@@ -131,8 +131,8 @@ def preset_for_spaces(env_name: str, obs_space, action_space) -> dict:
 
 
 def is_locomotion_task(env_name: str) -> bool:
-    """Whether `env_name` is one of gymnasium's own MuJoCo locomotion tasks (any version),
-    not a user's env that shares its name."""
+    """Whether `env_name` is one of gymnasium's own MuJoCo tasks in LOCOMOTION_TASKS (any
+    version), not a user's env that shares its name."""
     import gymnasium
 
     spec = gymnasium.envs.registry.get(env_name)
