@@ -430,6 +430,44 @@ def test_on_a_gpu_run_the_profile_times_the_learner_and_policy_worker_forwards_o
     assert set(costs.forward_s) == set(profiling.FORWARD_BATCHES) and costs.forward_s[4] > 0
 
 
+@pytest.mark.parametrize("batch_size, minibatches, timed_samples", [
+    (1024, 4, 256),  # eight trajectories of 32: the most a CPU profile times
+    (1024, 16, 64),  # a small minibatch's fixed cost per step counts at its own size
+    (8192, 1, 256),  # a whole Doom-sized batch would take seconds to time
+    (256, 16, 32),  # under a trajectory: one trajectory
+])
+def test_the_cpu_profile_times_the_learner_on_the_runs_minibatch_up_to_a_bound(monkeypatch, batch_size, minibatches,
+                                                                               timed_samples):
+    from fastrl.algo.model import Precision
+    from fastrl.tuning import profiling
+
+    real_measure, models = profiling.measure_model, []
+    monkeypatch.setattr(profiling, "measure_model", lambda *a, **k: models.append(real_measure(*a, **k)) or models[-1])
+    run = cfg(hidden_sizes="16", rollout=32, batch_size=batch_size, num_minibatches=minibatches)
+    env = _cartpole()
+    try:
+        costs, _ = profiling.profile_costs(run, env, env.observation_space, env.action_space, 0.3,
+                                           Precision("fp32", "fp32", "test"), math.inf)
+    finally:
+        env.close()
+    assert [m.train_minibatch for m in models] == [timed_samples] and costs.train_s[1] > 0
+
+
+def test_runs_whose_learner_steps_are_timed_alike_share_a_profile(tmp_path, monkeypatch):
+    from fastrl.algo.model import Precision
+    from fastrl.tuning import profiling
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fp32 = Precision("fp32", "fp32", "test")
+
+    def path(**kw):
+        return profiling.setup_cache_path("costs", cfg(rollout=32, **kw), fp32)
+
+    # Both time eight trajectories; a minibatch of two is another step, so another profile.
+    assert path(batch_size=1024, num_minibatches=4) == path(batch_size=4096, num_minibatches=4)
+    assert path(batch_size=1024, num_minibatches=4) != path(batch_size=1024, num_minibatches=16)
+
+
 def _learner_share(costs, workers: int, learner_threads: int, nice: int) -> float:
     """The learner's part of the cores under Linux's weighted fair share, every
     process wanting to run (the model worker_nice plans with)."""

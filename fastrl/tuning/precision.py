@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import replace
 
 import torch
 
@@ -17,11 +16,12 @@ from fastrl.tuning.profiling import (
     DEVICE_FORWARD_BATCHES,
     FORWARD_BATCHES,
     MODEL_OPTIONS,
-    PROFILE_TRAJECTORIES,
     OneThreadCosts,
     cache_path,
+    learner_timing_cfg,
     model_calls,
     time_interleaved,
+    timed_trajectories,
     write_cache,
 )
 
@@ -82,7 +82,7 @@ def measure_precision(cfg, obs_space, action_space, seconds: float, cap_s: float
     other programs do not count, or on CUDA in wall time, since the GPU's time is what counts."""
     start = time.perf_counter()
     on_gpu = torch.device(device).type == "cuda"
-    model_cfg = cfg if on_gpu else replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
+    model_cfg = cfg if on_gpu else learner_timing_cfg(cfg)
     batches = DEVICE_FORWARD_BATCHES if on_gpu else FORWARD_BATCHES
     calls, samples = {}, 0
     with learner_memory(cfg.learner_allocator, device):
@@ -106,8 +106,10 @@ def cached_timings(cfg, obs_space, action_space, device: str = "cpu", fresh: boo
     """(timings, from the cache, taken on a busy machine); a busy measurement is not cached."""
     layout = {key: [list(shape), str(dtype)] for key, (shape, dtype) in obs_layout(obs_space).items()}
     setup = {"precision": {k: getattr(cfg, k) for k in MODEL_OPTIONS}, "obs": layout, "actions": str(action_space)}
-    if device != "cpu":  # (CPU profiles cached before the key existed stay valid)
+    if device != "cpu":
         setup.update(device=device, minibatch=cfg.batch_size // cfg.num_minibatches)
+    else:
+        setup.update(learner_trajectories=timed_trajectories(cfg))
     path = cache_path(setup, cfg.modules)
     try:
         if fresh:

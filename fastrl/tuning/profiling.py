@@ -473,11 +473,23 @@ FORWARD_BATCHES = (4, 8, 16, 32, 64, 128)
 DEVICE_FORWARD_BATCHES = (16, 64, 256, 1024)
 # What a rollout worker adds to a bare env step: action conversion, shared-memory writes, bookkeeping.
 WORKER_OVERHEAD_S = 4e-6
-# Trajectories the learner's step is timed on: a full Doom minibatch takes about a second, and a
-# smaller step understates bf16's gain. --precision auto times as many, for the profile to reuse.
+# Trajectories the learner's step is timed on at most: a full Doom minibatch takes about a second, and
+# a smaller step understates bf16's gain. --precision auto times as many, for the profile to reuse.
 PROFILE_TRAJECTORIES = 8
 ENV_CHUNKS = 4  # timed slices of the env profile, of which the median counts
 MIN_STEPS_PER_CHUNK = 10
+
+
+def timed_trajectories(cfg) -> int:
+    """Trajectories a CPU learner step is timed on: the run's own minibatch, up to PROFILE_TRAJECTORIES.
+    A step's fixed cost (Adam over every weight, autograd's bookkeeping) outweighs a small MLP's work
+    per sample, so a step on 64 samples costs several times more per sample than one on 256."""
+    return max(1, min(PROFILE_TRAJECTORIES, cfg.batch_size // cfg.rollout // cfg.num_minibatches))
+
+
+def learner_timing_cfg(cfg):
+    """`cfg` with one minibatch of timed_trajectories(cfg), the learner step a CPU profile times."""
+    return replace(cfg, batch_size=cfg.rollout * timed_trajectories(cfg), num_minibatches=1)
 
 
 def time_env_steps(env, seconds: float, chunks: int = ENV_CHUNKS, clock=time.perf_counter) -> float:
@@ -520,7 +532,7 @@ def profile_costs(cfg, env, obs_space, action_space, seconds: float, precision: 
     cores = usable_cores()
     with on_one_core(cfg.pin_workers):  # where the runner made `env` when workers are pinned
         env_s = time_env_steps(env, seconds / 3) + WORKER_OVERHEAD_S
-    small = replace(cfg, batch_size=cfg.rollout * PROFILE_TRAJECTORIES, num_minibatches=1)
+    small = learner_timing_cfg(cfg)
     threads = [1, 2] if cores >= 2 else [1]
     forward_s, train_s, capped = {}, {}, False
     batches, model_seconds = FORWARD_BATCHES, seconds * 2 / 3
@@ -628,7 +640,8 @@ def _where(cfg, precision: Precision) -> dict:
 
 def setup_cache_path(kind: str, cfg, precision: Precision, options: Sequence[str] = PROFILED_OPTIONS) -> str:
     """cache_path of a measurement `kind` of cfg's `options`, precision, usable cores and device."""
-    return cache_path({kind: {k: getattr(cfg, k) for k in options}, **_where(cfg, precision)}, cfg.modules)
+    return cache_path({kind: {k: getattr(cfg, k) for k in options}, "learner_trajectories": timed_trajectories(cfg),
+                       **_where(cfg, precision)}, cfg.modules)
 
 
 def cached_costs(cfg, env, seconds: float, precision: Precision, cap_s: float,
