@@ -9,12 +9,15 @@ import time
 from types import SimpleNamespace
 
 import faster_fifo
+import gymnasium
+import numpy as np
 import pytest
 import torch
 from fastrl.envs.registry import get_spec
 
 from fastrl.algo.model import Precision, build_model, flat_state, flat_state_size
 from fastrl.config import Config
+from fastrl.learning import evaluator
 from fastrl.learning.checkpoint import checkpoint_dir, load_checkpoint, save_best
 from fastrl.learning.evaluator import evaluator_main
 from fastrl.plumbing.params import SharedParams, StopFlag
@@ -22,6 +25,24 @@ from fastrl.plumbing.stats_board import StatsBoard
 
 RESULT_TIMEOUT_S = 30.0
 EVERY = 1000
+
+
+class NeverEnding(gymnasium.Env):
+    """CartPole's spaces, a reward of 1 a step, and no end: a user's env without a time limit."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+NEVER_ENDING = "fastrl_tests/NeverEnding-v0"
+gymnasium.register(NEVER_ENDING, entry_point=NeverEnding)
 
 
 def make_cfg(tmp_path, **overrides):
@@ -195,6 +216,24 @@ def test_a_resumed_run_counts_from_its_checkpoint_and_keeps_a_better_best(tmp_pa
         assert best_state(cfg)["version"] == 99
     finally:
         h.stop()
+
+
+def test_an_episode_that_never_ends_is_cut_at_the_step_limit_and_warned_of_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluator, "EPISODE_STEP_LIMIT", 500)
+    h = Harness(make_cfg(tmp_path, env=NEVER_ENDING))
+    h.publish(lean_controller=False, version=1)
+    h.start()
+    try:
+        h.set_frames(EVERY)
+        first = h.next_result()
+        h.set_frames(2 * EVERY)
+        second = h.next_result()
+    finally:
+        h.stop()
+    assert first["eval/length"] == first["eval/return"] == second["eval/length"] == 500
+    assert first["warning"].startswith(f"3 of the 3 evaluation episodes of {NEVER_ENDING} ran 500 steps without ending")
+    assert "max_episode_steps" in first["warning"]
+    assert "warning" not in second, "said once a run"
 
 
 def test_true_objective_is_reported_on_full_games(tmp_path):

@@ -7,7 +7,9 @@ owns it). It runs on one thread at nice +5, so a busy machine delays evaluations
 rather than training. Grid points it overran are skipped, never queued. At the end
 of training the evaluation due is still played on the final weights; only `abandon`
 cuts one short. Episode i always starts from the same seed, so evaluations are
-comparable (at the price of an optimistic best). Atari plays full games.
+comparable (at the price of an optimistic best). Atari plays full games. An episode
+still going after EPISODE_STEP_LIMIT steps (an env with no time limit) is cut there,
+and the first result so cut carries a warning for the user, so that evaluations keep coming.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import math
 import os
 import time
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -32,6 +35,16 @@ MAX_ENVS = 4
 SEED_OFFSET = 1_000_003  # keeps evaluation starts apart from the rollout workers' seeds
 NO_VERSION = -2  # below every version, the unpublished -1 included
 QUEUE_TIMEOUT_S = 10.0
+# Past any built-in env's episode (a full Atari game is 108,000 frames even unskipped), yet reached within minutes.
+EPISODE_STEP_LIMIT = 200_000
+
+
+class Episode(NamedTuple):
+    """One evaluation episode's outcome."""
+    ret: float
+    length: int
+    objective: Optional[float]  # the env's true objective (Atari's unclipped score), when it reports one
+    cut: bool  # still going at EPISODE_STEP_LIMIT, so ended there
 
 
 class Evaluator:
@@ -48,6 +61,7 @@ class Evaluator:
         self._flat = torch.zeros_like(ctx.params[0].flat)
         self.best_path = os.path.join(checkpoint_dir(cfg), BEST_NAME)
         self.best = self._previous_best()
+        self.warned_of_cut_episodes = False
         spec = get_spec(cfg.env)
         options = {**env_options(cfg), "atari_episodic_life": False}
         self.envs = []
@@ -109,11 +123,16 @@ class Evaluator:
         episodes = self.play(self.cfg.eval_episodes)
         if episodes is None:
             return None
-        returns, lengths, objectives = zip(*episodes)
-        mean_return = sum(returns) / len(returns)
+        mean_return = sum(e.ret for e in episodes) / len(episodes)
         result = {"env_frames": frames, "version": version, "eval/return": mean_return,
-                  "eval/length": sum(lengths) / len(lengths)}
-        reported = [o for o in objectives if o is not None]
+                  "eval/length": sum(e.length for e in episodes) / len(episodes)}
+        cut = sum(e.cut for e in episodes)
+        if cut and not self.warned_of_cut_episodes:
+            self.warned_of_cut_episodes = True
+            result["warning"] = (f"{cut} of the {len(episodes)} evaluation episodes of {self.cfg.env} ran "
+                                 f"{EPISODE_STEP_LIMIT:,} steps without ending and were cut there; give the env a "
+                                 "time limit (gymnasium's max_episode_steps) so that evaluations score whole episodes")
+        reported = [e.objective for e in episodes if e.objective is not None]
         if reported:
             result["eval/true_objective"] = sum(reported) / len(reported)
         if mean_return > self.best:
@@ -126,8 +145,8 @@ class Evaluator:
 
     @torch.no_grad()
     def play(self, count: int):
-        """`count` deterministic episodes spread over the open envs: (return, length,
-        true objective or None) in episode order, or None if abandoned meanwhile."""
+        """`count` deterministic episodes spread over the open envs, in episode order, or
+        None if abandoned meanwhile."""
         model, envs, abandon = self.model, self.envs, self.abandon
         results = [None] * count
         episode_of = [None] * len(envs)  # which episode each env is playing, None when idle
@@ -159,9 +178,11 @@ class Evaluator:
                 obs[slot], reward, terminated, truncated, info = envs[slot].step(model.action_spec.to_env(actions[row]))
                 totals[slot][0] += float(reward)
                 totals[slot][1] += 1
-                if terminated or truncated:
+                cut = totals[slot][1] >= EPISODE_STEP_LIMIT and not (terminated or truncated)
+                if terminated or truncated or cut:
                     objective = info.get("true_objective")
-                    results[episode_of[slot]] = (*totals[slot], None if objective is None else float(objective))
+                    results[episode_of[slot]] = Episode(*totals[slot], None if objective is None else float(objective),
+                                                        cut)
                     begin(slot)
         return results
 

@@ -844,6 +844,8 @@ class Runner:
             monitor.log(ev["env_frames"], time.time() - start, {k: v for k, v in ev.items() if k.startswith("eval/")})
             self.say(f"evaluation at {ev['env_frames']:,} frames (policy version {ev['version']}): "
                      f"return {ev['eval/return']:.2f} over {self.cfg.eval_episodes} deterministic episodes")
+            if "warning" in ev:
+                self.say(f"warning: {ev['warning']}")
 
     def _remember_compile(self, report: dict) -> None:
         """Keep the learner's compile judgement for the next run, unless other
