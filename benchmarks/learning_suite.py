@@ -6,6 +6,7 @@ Sample Factory 2.1.1): time to a target return, and the return at a fixed wall b
     python benchmarks/learning_suite.py --envs doom_basic --systems fastrl,sf --seeds 0 --seconds 300 --out DIR
     python benchmarks/learning_suite.py --envs CartPole-v1 --systems fastrl --seeds 0,1,2 --seconds 60 \\
         --out DIR --fastrl_extra "--lr 3e-4" --tag lr3e-4      # a variant, added to DIR's table
+    python benchmarks/learning_suite.py --combine DIR_s0 DIR_s1 DIR_s2 --out DIR --plot  # seeds run apart, one figure
 
 Install (torch stays the CPU build already here; both fit this machine's pins):
     pip install stable-baselines3 "gymnasium[box2d,mujoco]"     # SB3; Box2D for LunarLander; MuJoCo
@@ -484,6 +485,9 @@ def headline(runs: list) -> dict:
             figure[f"{system}_reached"] = f"{sum(t is not None for t in times)}/{len(mine)}"
         at_budget = _median_or_none(r["return_at_budget"] for r in mine)
         figure[f"{system}_return_at_budget"] = None if at_budget is None else round(at_budget, 2)
+        fall = _median_or_none(r.get("largest_fall") for r in mine)
+        if fall is not None:
+            figure[f"{system}_largest_fall"] = round(fall, 2)
         if mine[0].get("at_frames"):
             at_frames = _median_or_none(r.get("return_at_frames") for r in mine)
             figure[f"{system}_return_at_{mine[0]['at_frames']:,}_frames"] = (None if at_frames is None
@@ -530,6 +534,61 @@ def plot(results: list, out_dir: str) -> list:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def record_headlines(runs: list, tag: str) -> None:
+    """One record per env and budget among `runs` (all of `tag`), unless one of its runs
+    had a problem; named for the systems that ran, and stamped with the machine and
+    commit that made the runs."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["env"], r["seconds"]), []).append(r)
+    for (env, seconds), group in groups.items():
+        if any(r["problems"] for r in group):
+            continue
+        systems = "_".join(s for s in SYSTEMS if any(r["system"] == s for r in group))
+        question = re.sub(r"[^A-Za-z0-9._-]", "_", f"learning_{env}_{seconds:g}s_{systems}")
+        records.append(question + (f"_{tag}" if tag else ""), headline(group), records.this_command(),
+                       made_by=group[0]["made_by"])
+
+
+def combine(args) -> int:
+    """--combine: the runs of earlier calls' folders, each seed's newest, gathered into
+    one table and plot in --out and one record per env, budget and tag. It lets seeds
+    run in separate calls (two variants' seeds interleaved, so a change in the machine
+    falls on both) and still be recorded as one figure."""
+    runs = {}
+    for folder in args.combine:
+        path = os.path.join(folder, "results.jsonl")
+        if not os.path.exists(path):
+            print(f"learning_suite: error: {path} does not exist; --combine takes folders that earlier calls "
+                  "were given as --out.", file=sys.stderr)
+            return 2
+        for r in load_results(path):
+            key = (r["tag"], r["system"], r["env"], r["seed"], r["seconds"])
+            if key not in runs or r["date_utc"] > runs[key]["date_utc"]:
+                runs[key] = r
+    kept = list(runs.values())
+    groups = {}
+    for r in kept:
+        groups.setdefault((r["env"], r["seconds"], r["tag"]), []).append(r)
+    for (env, seconds, tag), group in sorted(groups.items()):
+        if len({json.dumps(r.get("made_by"), sort_keys=True) for r in group}) > 1 or "made_by" not in group[0]:
+            print(f"learning_suite: error: the {env} runs of {seconds:g} s tagged {tag!r} were not all made on one "
+                  "machine at one commit (or predate runs naming theirs); combine only runs one figure can stand "
+                  "for.", file=sys.stderr)
+            return 2
+    os.makedirs(args.out, exist_ok=True)
+    text = table(kept)
+    with open(os.path.join(args.out, "table.md"), "w") as fh:
+        fh.write(text + "\n")
+    print(text)
+    if args.plot:
+        for path in plot(kept, args.out):
+            print(f"wrote {path}")
+    for tag in sorted({r["tag"] for r in kept}):
+        record_headlines([r for r in kept if r["tag"] == tag], tag)
+    return 0
 
 
 # ----------------------------------------------------------------------------------
@@ -582,6 +641,9 @@ def main(argv=None) -> int:
     p.add_argument("--at_frames", type=int, default=1_000_000,
                    help="also read each run's return(100) at this many env frames (equal env steps)")
     p.add_argument("--plot", action="store_true", help="also draw <out>/<env>.png from the recorded curves")
+    p.add_argument("--combine", nargs="+", metavar="DIR",
+                   help="run nothing: gather the runs in these earlier --out folders into --out's table, plots and "
+                        "one record per env, budget and tag")
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
@@ -589,6 +651,8 @@ def main(argv=None) -> int:
     if args.tag and not re.fullmatch(r"[A-Za-z0-9._-]+", args.tag):
         p.error(f"--tag {args.tag!r} names folders: use letters, digits, '.', '_' and '-' only")
     args.out = os.path.abspath(args.out)
+    if args.combine:
+        return combine(args)
 
     plan, skipped = [], []
     for env in args.envs:
@@ -618,9 +682,10 @@ def main(argv=None) -> int:
           f"{len(plan)} run(s) x {args.seconds:g} s, one at a time; results in {args.out}", flush=True)
     results_path = os.path.join(args.out, "results.jsonl")
     failed, this_call = [], []
+    made_by = {"machine": records.machine(), "commit": records.git_commit()}
     for i, (system, env, seed) in enumerate(plan, 1):
         print(f"[{i}/{len(plan)}] {system} {env} seed {seed} ...", flush=True)
-        record = run_one(args, system, env, seed)
+        record = {**run_one(args, system, env, seed), "made_by": made_by}
         this_call.append(record)
         with open(results_path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -646,12 +711,7 @@ def main(argv=None) -> int:
     if args.plot and kept:
         for path in plot(kept, args.out):
             print(f"wrote {path}")
-    for env in args.envs:  # this call's runs only: the folder may hold other calls' too
-        runs = [r for r in this_call if r["env"] == env]
-        if runs and not any(r["problems"] for r in runs):
-            systems = "_".join(s for s in SYSTEMS if any(r["system"] == s for r in runs))
-            question = re.sub(r"[^A-Za-z0-9._-]", "_", f"learning_{env}_{args.seconds:g}s_{systems}")
-            records.append(question + (f"_{args.tag}" if args.tag else ""), headline(runs), records.this_command())
+    record_headlines(this_call, args.tag)  # this call's runs only: the folder may hold other calls' too
     return 1 if failed else 0
 
 

@@ -80,12 +80,15 @@ def this_command() -> str:
     return shlex.join(["python", script, *sys.argv[1:]])
 
 
-def append(question: str, figure: dict, command: str, folder: Optional[str] = None) -> dict:
-    """Add one record to <folder>/<question>.jsonl and return it."""
+def append(question: str, figure: dict, command: str, folder: Optional[str] = None,
+           made_by: Optional[dict] = None) -> dict:
+    """Add one record to <folder>/<question>.jsonl and return it. `made_by` ({"machine",
+    "commit"}) names where the figure's runs were made, when not here and now."""
     if not QUESTION.fullmatch(question):
         raise ValueError(f"a question names a file: letters, digits, '.', '_' and '-' only, not {question!r}")
-    record = {"question": question, "figure": figure, "machine": machine(), "command": command,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": git_commit()}
+    made_by = made_by or {"machine": machine(), "commit": git_commit()}
+    record = {"question": question, "figure": figure, "machine": made_by["machine"], "command": command,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": made_by["commit"]}
     folder = folder or default_folder()
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"{question}.jsonl"), "a") as fh:

@@ -139,6 +139,50 @@ def test_a_rerun_replaces_its_older_record(tmp_path):
     assert [(r["seed"], r["time_to_target"]) for r in runs] == [(0, 7.0), (1, 9.0)]
 
 
+def _made_run(seed, ret, fall, tag="", commit="abc1234", date="2026-12-01 10:00:00"):
+    return {**_record("fastrl", seed, None, ret, 1, target=None, tag=tag), "largest_fall": fall, "problems": [],
+            "date_utc": date, "made_by": {"machine": {"cpu": "a test CPU", "cores": 2, "gpu": None}, "commit": commit}}
+
+
+def _write_runs(folder, *runs):
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "results.jsonl", "a") as fh:
+        for r in runs:
+            fh.write(json.dumps(r) + "\n")
+    return str(folder)
+
+
+def test_combine_records_seeds_run_in_separate_calls_as_one_figure(tmp_path, monkeypatch):
+    results = tmp_path / "records"
+    monkeypatch.setenv("FASTRL_BENCHMARK_RESULTS", str(results))
+    folders = [_write_runs(tmp_path / "s0", _made_run(0, 100.0, 0.5), _made_run(0, 900.0, 0.1, tag="lin")),
+               _write_runs(tmp_path / "s1", _made_run(1, 300.0, 0.3), _made_run(1, 700.0, 0.2, tag="lin")),
+               # seed 2 twice over two folders: the newer run counts
+               _write_runs(tmp_path / "s2", _made_run(2, 200.0, 0.4), _made_run(2, 1.0, 0.9, tag="lin")),
+               _write_runs(tmp_path / "s2again", _made_run(2, 800.0, 0.0, tag="lin", date="2026-12-02 09:00:00"))]
+    assert ls.main(["--combine", *folders, "--out", str(tmp_path / "all")]) == 0
+    with open(results / "learning_CartPole-v1_60s_fastrl.jsonl") as fh:
+        (plain,) = [json.loads(line) for line in fh]
+    with open(results / "learning_CartPole-v1_60s_fastrl_lin.jsonl") as fh:
+        (lin,) = [json.loads(line) for line in fh]
+    assert plain["figure"] == {"seeds": [0, 1, 2], "fastrl_return_at_budget": 200.0, "fastrl_largest_fall": 0.4}
+    assert lin["figure"] == {"seeds": [0, 1, 2], "fastrl_return_at_budget": 800.0, "fastrl_largest_fall": 0.1}
+    assert lin["commit"] == "abc1234" and lin["machine"]["cpu"] == "a test CPU", "where the runs were made"
+    table = (tmp_path / "all" / "table.md").read_text()
+    assert "| CartPole-v1 | fastrl (lin) | 60 s | 0, 1, 2 | - | - | - | 800.0 |" in table
+
+
+def test_combine_refuses_runs_from_different_commits_and_missing_folders(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FASTRL_BENCHMARK_RESULTS", str(tmp_path / "records"))
+    folders = [_write_runs(tmp_path / "s0", _made_run(0, 1.0, 0.0)),
+               _write_runs(tmp_path / "s1", _made_run(1, 1.0, 0.0, commit="def5678"))]
+    assert ls.main(["--combine", *folders, "--out", str(tmp_path / "all")]) == 2
+    assert "runs of 60 s tagged '' were not all made on one machine at one commit" in capsys.readouterr().err
+    assert ls.main(["--combine", str(tmp_path / "nowhere"), "--out", str(tmp_path / "all")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "records").exists(), "nothing recorded"
+
+
 def test_systems_skip_envs_they_cannot_run_and_say_why():
     assert "no Doom setup" in ls.skip_reason("sb3", "doom_basic")
     assert "Doom only" in ls.skip_reason("sf", "CartPole-v1")
