@@ -232,7 +232,8 @@ class Config:
                             choices=("constant", "linear"),
                             why="The nearer budget counts; a resumed run counts all its frames but only this "
                                 "command's seconds; under torchrun only frames, as each rank keeps its own clock. "
-                                "It keeps MuJoCo's Hopper-v5 from falling back late in a run (docs/envs.md).")
+                                "Not the default: on MuJoCo's Hopper-v5 its runs fell back from their best less "
+                                "but ended lower (docs/envs.md).")
 
     _section("model")
     model: str = _opt("", "The network's encoder: empty for fastrl's (MLP for vectors, conv for images), a name "
