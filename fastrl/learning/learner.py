@@ -131,6 +131,8 @@ class Learner:
         self._nonfinite_in_a_row = 0
         self._bad_batches = self._bad_in_a_row = 0
         self._last_metrics = 0.0
+        self._stats_this_batch = False
+        self._batch_stats = None  # (loss terms, grad norm) of the due batch's latest step
         self._metrics = {}
         self.peers = self._join(shared_options or {}) if rank.distributed else None
 
@@ -293,8 +295,12 @@ class Learner:
                 samples["start_log_ratio"] = start_log_ratio.flatten()
         elif bounded:
             batch = {**batch, "start_log_ratio": start_log_ratios(self.model, batch)}
+        self._stats_this_batch = self._metrics_due()
         if not all(self._passes(batch, valid, samples)):  # all() takes no step past the first one refused
             self.row.add("kl_stops", 1)
+        if self._batch_stats is not None:
+            self._note_metrics(*self._batch_stats)
+            self._batch_stats = None
         trained = int(valid.sum().item())
         self.samples_trained += trained
         self.row.add("samples_trained", trained)
@@ -323,7 +329,7 @@ class Learner:
         self.compiled.before_step(mb)
         start = time.perf_counter()
         out, grad_norm = gradient_step(self.cfg, self.model, self.optimizer, mb, valid, self.peers,
-                                       stats=self._metrics_due())
+                                       stats=self._stats_this_batch)
         self.compiled.after_step(time.perf_counter() - start)
         return self._stepped(out, grad_norm)
 
@@ -345,7 +351,7 @@ class Learner:
     def _sample_step(self, samples: dict) -> bool:
         """One step on single samples; False if the KL bound refused it."""
         return self._stepped(*sample_gradient_step(self.cfg, self.model, self.optimizer, samples, self.peers,
-                                                   stats=self._metrics_due()))
+                                                   stats=self._stats_this_batch))
 
     def _stepped(self, out, grad_norm) -> bool:
         """Count a skipped (non-finite) step or note its metrics; False if refused."""
@@ -355,8 +361,8 @@ class Learner:
             self._skip_nonfinite()
             return True
         self._nonfinite_in_a_row = 0
-        if out.approx_kl is not None:  # a step that computed its statistics: _metrics_due said so
-            self._note_metrics(out, grad_norm)
+        if out.approx_kl is not None:  # a step of a batch whose statistics are due
+            self._batch_stats = (out, grad_norm)
         return True
 
     def _take_hyper(self) -> None:
@@ -395,7 +401,9 @@ class Learner:
         self.row.add("samples_dropped", float((1.0 - valid).sum()))
 
     def _metrics_due(self) -> bool:
-        """Whether the next step computes the loss statistics (every METRICS_EVERY_S)."""
+        """Whether the next batch reports its loss statistics (every METRICS_EVERY_S): those
+        of its last step taken, after the passes moved the policy. Its first step's would
+        show an on-policy batch's KL and clip fraction as 0, the policy not yet moved."""
         return time.time() - self._last_metrics >= METRICS_EVERY_S
 
     def _note_metrics(self, out, grad_norm) -> None:
