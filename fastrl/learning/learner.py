@@ -354,7 +354,7 @@ class Learner:
                                                    stats=self._stats_this_batch))
 
     def _stepped(self, out, grad_norm) -> bool:
-        """Count a skipped (non-finite) step or note its metrics; False if refused."""
+        """Count a skipped (non-finite) step or keep its statistics for the batch's report; False if refused."""
         if grad_norm is None:
             return False
         if out is None:
