@@ -9,8 +9,8 @@
 #
 # Steps, in this order, all by default: tests precision bench battle planned dtc;
 # `layouts` (the policy workers' count and batching, on the bench), `compile` (the
-# learner's step compiled) and `compile_stall` (a run's rate while it compiles) only
-# when named.
+# learner's step compiled), `compile_stall` (a run's rate while it compiles) and
+# `mujoco` (Hopper-v5's learning, GPU against CPU) only when named.
 # SECONDS_PER_RUN (60), SKIP (half of it), ROUNDS (1), WORKERS (the cores), ENVS (8)
 # and FASTRL_LAYOUT (fixed) set the comparisons (Sample Factory's rate moved by a
 # third between two one-round calls on one machine: two rounds say more; at 16 x 16
@@ -28,8 +28,11 @@
 # benchmarks/slim_sf_wheel.py .whl/sf/sample_factory-*.whl` then lets both sets travel
 # in one call. Sample Factory pins numpy<2 and gymnasium<1, fastrl wants
 # gymnasium 1.x: each set goes into its own folder, and SF's interpreter is a
-# two-line wrapper that puts its folder first. Where .whl/ is absent the packages
-# must be installed already (and --sf_venv given to vs_sample_factory.py instead).
+# two-line wrapper that puts its folder first. The `mujoco` step needs .whl/mujoco too
+# (mujoco and mujoco-core at this machine's version, glfw, pyopengl: ~13 MB), which
+# fits one call beside .whl/fastrl but not beside .whl/sf as well. Where .whl/ is
+# absent the packages must be installed already (and --sf_venv given to
+# vs_sample_factory.py instead).
 #
 # Every step runs under its own time limit and writes its log to $OUT, so a step
 # that fails or hangs costs its limit and no more. Each step's exit code and the
@@ -64,6 +67,10 @@ cat "$OUT/machine.log"
 if [ -d .whl/fastrl ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fastrl-site .whl/fastrl/*.whl
     export PYTHONPATH=/tmp/fastrl-site:$PWD
+fi
+# MuJoCo for the `mujoco` step (mujoco, mujoco-core, glfw, pyopengl), beside fastrl's set.
+if [ -d .whl/mujoco ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fastrl-site .whl/mujoco/*.whl
 fi
 SF_VENV=/tmp/sf-wrapper
 if [ -d .whl/sf ]; then
@@ -142,6 +149,18 @@ wants compile_stall && step compile_stall 150 "$PY" -m fastrl.train --env doom_d
     --compile_learner on --train_for_seconds 110 --status_every_seconds 5 --with_wandb false \
     --train_dir /tmp/compile_stall --restart
 
+# The continuous-control preset on this machine: Hopper-v5 for SECONDS_PER_RUN from
+# launch on the GPU, then on the CPU alone, the same seed: whether a GPU pays for a
+# small MLP's learner where the cores are many, which --device auto predicts to choose.
+if wants mujoco; then
+    for dev in cuda cpu; do
+        step mujoco_$dev $(( SECONDS_PER_RUN + 60 )) "$PY" benchmarks/learning_suite.py --envs Hopper-v5 \
+            --systems fastrl --seeds 1 --seconds "$SECONDS_PER_RUN" --report_seconds 5 --out /tmp/mujoco_$dev \
+            --fastrl_extra=--device=$dev --tag $dev
+        for f in /tmp/mujoco_$dev/logs/*; do { echo "--- head and tail of $f"; head -n 25 "$f"; tail -n 8 "$f"; } >>"$OUT/mujoco_$dev.log"; done
+    done
+fi
+
 # fastrl against Sample Factory on doom_battle, both on the GPU, one rollout worker
 # per core and one GPU inference process on each side.
 if wants battle; then
@@ -168,6 +187,7 @@ cd "$OUT"
 [ -f precision.log ] && grep -E "precision|forward|learner|step" precision.log | head -20
 for f in layout_*.log; do [ -f $f ] && { echo "--- $f"; grep -E "^layout|^train |^  (rollout|policy|learner) |GPU|bottleneck|core time|lag" $f; }; done
 for f in vs_sf_battle.log vs_sf_dtc.log; do [ -f $f ] && grep -E "^env only|^round|median ratio|still starting|warning|TRACEBACK|Error" $f; done
+for f in mujoco_cuda.log mujoco_cpu.log; do [ -f $f ] && { echo "--- $f"; grep -E "^\\| Hopper|Traceback|Error" $f; }; done
 [ -f compile.log ] && grep -E "^train |learner:|bottleneck" compile.log
 [ -f planned.log ] && grep -E "plan|inference|\] frames|Traceback|Error" planned.log | head -20
 exit 0
