@@ -80,7 +80,8 @@ class Config:
                          common=True)
     seed: int = _opt(0, "Seed of everything random: the initial weights, the envs' episodes and every process's sampling "
                         "(fastrl/plumbing/seeding.py).", common=True)
-    device: str = _opt("auto", "Where the learner and policy workers compute: auto (cuda if present), cpu or cuda.",
+    device: str = _opt("auto", "Where the learner and policy workers compute: auto (where CUDA is present, the faster by "
+                       "the plan's prediction; cuda under --plan off), cpu or cuda.",
                        choices=("auto", "cpu", "cuda"), common=True)
 
     _section("when to stop")

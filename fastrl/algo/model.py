@@ -742,6 +742,7 @@ def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
 
 
 def resolve_device(cfg) -> str:
+    """cfg.device, with auto as cuda where present: a planned run has auto replaced by its plan first."""
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg.device

@@ -254,7 +254,7 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
     costs, cached, busy = profiling.cached_costs(cfg, env, PROFILE_SECONDS, precision, PROFILE_CAP_S, one_thread,
                                                  fresh=fresh)
     if cached and announce:
-        print("fastrl: planning from this machine's cached profile of this setup", flush=True)
+        print(f"fastrl: planning from this machine's cached profile of this setup on {resolve_device(cfg)}", flush=True)
     if busy and announce:
         print("fastrl: the planner's profile was taken on a busy machine (other programs took the cores, or it hit "
               f"its {PROFILE_CAP_S:.0f}-s cap), so the plan may fit a quiet one less well; it is not cached",
@@ -269,6 +269,46 @@ def make_plan(cfg: Config, explicit: set, env, resuming: bool, precision: Precis
         return planner.choose(costs, cfg, explicit, layout_memory.recall(cfg, precision))
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+class Placement(NamedTuple):
+    """Where a run computes and how: its image encoders' Precision and its Plan (None under --plan off)."""
+    precision: Precision
+    plan: Optional[planner.Plan]
+
+
+def compares_devices(cfg: Config, explicit: set, resuming: bool, rank: Rank) -> bool:
+    """Whether --device auto plans on the GPU and on the CPU to keep the faster: only where CUDA is
+    present and a plan is made afresh (a saved plan keeps its device), and not under torchrun,
+    whose ranks must compute alike."""
+    return (cfg.device == "auto" and "device" not in explicit and torch.cuda.is_available()
+            and cfg.plan != "off" and plan_file(cfg, resuming) is None and not rank.distributed)
+
+
+def place_run(cfg: Config, explicit: set, env, frameskip: int, resuming: bool, rank: Rank) -> Placement:
+    """The run's precision and plan. Under --device auto with a GPU here, the plan that predicts more
+    trained env frames/s, on the GPU or on the CPU: a small model's learner can run faster on the
+    cores than as a GPU's many short kernels (benchmarks/gpu_check.sh's mujoco step measures it)."""
+    devices = ("cuda", "cpu") if compares_devices(cfg, explicit, resuming, rank) else (cfg.device,)
+    placements = {}
+    for device in devices:
+        on = dataclasses.replace(cfg, device=device)
+        # Before the plan, which profiles the model in it; once, for every process of the run.
+        precision, one_thread = decide_precision(on, env.observation_space, env.action_space)
+        mark("precision decided")
+        plan = make_plan(on, explicit, env, resuming=resuming, precision=precision, one_thread=one_thread,
+                         announce=rank.main)
+        placements[device] = Placement(precision, plan)
+    if len(devices) == 1:
+        return placements[devices[0]]
+    rates = {d: p.plan.predicted["trained_steps_per_s"] for d, p in placements.items()}
+    device = max(devices, key=rates.get)  # a tie keeps the GPU, listed first
+    if rank.main:
+        print(f"fastrl: --device auto: planned {rates['cuda'] * frameskip:,.0f} env frames/s trained on the GPU, "
+              f"{rates['cpu'] * frameskip:,.0f} on the CPU; training on the {'GPU' if device == 'cuda' else 'CPU'}",
+              flush=True)
+    chosen = placements[device]
+    return chosen._replace(plan=dataclasses.replace(chosen.plan, device=device))
 
 
 # Observations the fresh models' normaliser starts from, from the run's first env under random actions.
@@ -333,12 +373,8 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
         except ModelError as err:
             raise ConfigError(str(err)) from None
         cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
-        # Before the plan, which profiles the model in it; once, for every process of the run.
-        precision, one_thread = decide_precision(cfg, obs_space, action_space)
-        mark("precision decided")
         seed_obs = _normaliser_seed(cfg, env, states)
-        plan = make_plan(cfg, explicit, env, resuming=states[0] is not None, precision=precision,
-                         one_thread=one_thread, announce=rank.main)
+        precision, plan = place_run(cfg, explicit, env, spec.frameskip, resuming=states[0] is not None, rank=rank)
         mark("plan made")
         # What the one env, made, reset and stepped by now, holds in shared memory (a ViZDoom game's screens).
         shm_per_env = max(0, shm_free - (shm_space.free_bytes() or shm_free)) if shm_free is not None else 0

@@ -93,9 +93,11 @@ class Plan:
     num_buffers: int
     worker_nice: int = 0  # (plans saved before it existed read as 0)
     predicted: dict = field(default_factory=dict)  # production/consumption/trained steps/s, lag, bottleneck
+    # cpu or cuda where --device auto had both to choose from; auto leaves --device as it is.
+    device: str = "auto"
 
     def options(self) -> dict:
-        return {k: getattr(self, k) for k in PLANNED}
+        return {k: getattr(self, k) for k in PLANNED + (("device",) if self.device != "auto" else ())}
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -118,6 +120,8 @@ class Plan:
             raise ValueError(f"it has no {missing[0]}")
         if data["inference"] not in ("local", "policy_worker"):
             raise ValueError(f"its inference is {data['inference']!r}, not local or policy_worker")
+        if data.get("device", "auto") not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"its device is {data['device']!r}, not auto, cpu or cuda")
         for name in PLANNED:
             if name not in ("inference", "worker_nice") and data[name] < 1:
                 raise ValueError(f"its {name} is {data[name]}, not a count of at least 1")
