@@ -141,3 +141,4 @@ def test_a_run_counts_the_batches_the_bound_cut_short(tmp_path):
     assert run.wait(timeout=120) == 0, run.output()
     summary = read_summary(tmp_path, "CartPole-v1")
     assert summary["learner_steps"] > 0 and summary["kl_stops"] == summary["learner_steps"], summary
+    assert summary["gradient_steps"] == summary["learner_steps"], summary  # each batch's first step, and no more

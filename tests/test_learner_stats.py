@@ -3,7 +3,7 @@ reads them in TensorBoard and as the drift warnings judge them."""
 import os
 import statistics
 
-from helpers import TrainRun
+from helpers import TrainRun, read_summary
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -22,3 +22,8 @@ def test_an_on_policy_runs_kl_and_clip_fraction_are_those_its_passes_reached(tmp
     assert len(kls) >= 3, run.output()
     assert statistics.median(kls) > 1e-3, kls
     assert statistics.median(clipped) > 0.0, clipped
+    # No --target_kl: every batch takes all 4 x 4 steps, and says so.
+    steps = [point.value for point in acc.Scalars("train/steps_per_batch")]
+    assert steps and set(steps) == {16.0}, steps
+    summary = read_summary(tmp_path, "CartPole-v1")
+    assert summary["gradient_steps"] == 16 * summary["learner_steps"] > 0, summary

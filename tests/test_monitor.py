@@ -31,7 +31,7 @@ def _board() -> StatsBoard:
     learner = board.row("learner")
     for field, value in (("samples_trained", 900), ("samples_received", 1000), ("samples_dropped", 100),
                          ("lag_min", 0), ("lag_mean", 1.5), ("lag_max", 4), ("lag_p90", 3), ("busy_s", 9.0),
-                         ("comm_s", 0.5)):
+                         ("comm_s", 0.5), ("learner_steps", 7), ("batch_steps", 12)):
         learner.set(field, value)
     board.row("policy_0").set("busy_s", 2.0)
     return board
@@ -54,6 +54,7 @@ def test_scalars_from_maps_every_source():
         "perf/env_restarts": 2.0,
         "perf/nonfinite_skips": 0.0,
         "train/kl_stops": 0.0,
+        "train/steps_per_batch": 12.0,
         "loss/policy": -0.1, "loss/value": 0.5, "loss/entropy": 0.69, "loss/approx_kl": 0.01,
         "loss/clip_fraction": 0.2, "loss/explained_variance": 0.3, "loss/total": 0.4, "loss/grad_norm": 1.5,
         "loss/lr": 3e-4,

@@ -296,8 +296,14 @@ class Learner:
         elif bounded:
             batch = {**batch, "start_log_ratio": start_log_ratios(self.model, batch)}
         self._stats_this_batch = self._metrics_due()
-        if not all(self._passes(batch, valid, samples)):  # all() takes no step past the first one refused
-            self.row.add("kl_stops", 1)
+        taken = 0
+        for stepped in self._passes(batch, valid, samples):
+            if not stepped:  # the KL bound refused it: no step past it either
+                self.row.add("kl_stops", 1)
+                break
+            taken += 1
+        self.row.add("gradient_steps", taken)
+        self.row.set("batch_steps", taken)
         if self._batch_stats is not None:
             self._note_metrics(*self._batch_stats)
             self._batch_stats = None

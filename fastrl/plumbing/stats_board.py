@@ -24,6 +24,8 @@ FIELDS = (
     "lag_min", "lag_mean", "lag_max", "lag_p90",  # policy lag of the last batch, in learner steps
     "nonfinite_skips",    # updates skipped for a non-finite loss or gradient (learner)
     "kl_stops",           # batches whose passes --target_kl ended early (learner)
+    "gradient_steps",     # optimiser steps taken, of epochs x minibatches a batch (learner)
+    "batch_steps",        # optimiser steps the newest batch took before its passes ended (learner)
     "env_restarts",       # envs re-created after raising (rollout workers)
     "trajectories_discarded",  # trajectories thrown away (a worker restarted)
     "policy_reloads",     # times new params were copied in (inference)

@@ -75,6 +75,8 @@ def scalars_from(*, board, metrics: dict, returns, objectives, episodes: int, el
         "perf/env_restarts": board.total("env_restarts"),
         "perf/nonfinite_skips": board.get("learner", "nonfinite_skips"),
         "train/kl_stops": board.get("learner", "kl_stops"),
+        # Of --ppo_epochs x --num_minibatches: where --target_kl, not the epochs, sizes the update.
+        "train/steps_per_batch": board.get("learner", "batch_steps") if board.get("learner", "learner_steps") else None,
     }
     for key, name in _LOSS_NAMES.items():
         if key in metrics:

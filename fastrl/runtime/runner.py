@@ -1282,6 +1282,7 @@ class Runner:
             "nonfinite_skips": self.ctx.board.get("learner", "nonfinite_skips"),
             "bad_batches_dropped": self.metrics.get(BAD_BATCHES_KEY, 0),
             "kl_stops": self.ctx.board.get("learner", "kl_stops"),
+            "gradient_steps": self.ctx.board.get("learner", "gradient_steps"),
             "worker_restarts": self.earlier.worker_restarts + self.supervisor.total_restarts,
             "learner_restarts": self.earlier.learner_restarts,
             COMPILE_KEY: self.metrics.get(COMPILE_KEY),
