@@ -287,8 +287,11 @@ def test_cached_profile_is_reused_until_the_code_or_the_precision_changes(tmp_pa
     monkeypatch.setattr(profiling, "_source_digest", lambda: "edited sources")
     _, cached, _ = profiling.cached_costs(cfg(), env, 1.0, fp32, 6.0)
     assert not cached and len(profiled) == 3
-    # Another CPU, even one a VM names alike, is another profile.
-    monkeypatch.setattr(profiling, "cpu_model", lambda: "AMD EPYC (family 25 model 17, avx512_bf16)")
+    # Another CPU, even one a VM names alike, is another profile (one unlike the machine's running this).
+    here = profiling.cpu_model()
+    other = next(name for name in ("AMD EPYC (family 25 model 17, avx512_bf16)", "AMD EPYC (family 25 model 1)")
+                 if name != here)
+    monkeypatch.setattr(profiling, "cpu_model", lambda: other)
     _, cached, _ = profiling.cached_costs(cfg(), env, 1.0, fp32, 6.0)
     assert not cached and len(profiled) == 4
 
