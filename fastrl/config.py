@@ -35,6 +35,9 @@ class ConfigError(ValueError):
     """A configuration a run can never succeed with; the message says how to fix it."""
 
 
+# --device's values; a saved plan.json names one of them too.
+DEVICES = ("auto", "cpu", "cuda")
+
 # The heading the Config fields declared next are listed under (`_section`).
 _SECTION = [""]
 
@@ -82,7 +85,7 @@ class Config:
                         "(fastrl/plumbing/seeding.py).", common=True)
     device: str = _opt("auto", "Where the learner and policy workers compute: auto (where CUDA is present, the faster by "
                        "the plan's prediction; cuda under --plan off), cpu or cuda.",
-                       choices=("auto", "cpu", "cuda"), common=True)
+                       choices=DEVICES, common=True)
 
     _section("when to stop")
     train_for_env_frames: int = _opt(0, "Stop after this many env frames (agent steps x frameskip); 0 = no limit.",

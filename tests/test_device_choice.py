@@ -59,13 +59,20 @@ def test_auto_trains_where_the_plan_predicts_more(planned_on, capsys, cuda, cpu,
     assert f"training on the {'GPU' if chosen == 'cuda' else 'CPU'}" in out, out
 
 
-@pytest.mark.parametrize("case", ["device given", "plan off", "torchrun", "saved plan"])
-def test_auto_plans_once_where_the_device_is_not_the_plans_to_choose(planned_on, tmp_path, case):
+def test_auto_written_out_compares_as_the_default_does(planned_on):
+    planned_on.update(cuda=1000.0, cpu=3000.0)
+    placement = place(Config(env="CartPole-v1", device="auto"), explicit={"device"})
+    assert planned_on["asked"] == ["cuda", "cpu"]
+    assert placement.plan.device == "cpu"
+
+
+@pytest.mark.parametrize("case", ["device cuda", "plan off", "torchrun", "saved plan"])
+def test_the_plan_does_not_choose_where_the_device_is_not_its_to_choose(planned_on, tmp_path, case):
     planned_on.update(cuda=1000.0, cpu=3000.0, auto=1000.0)
     cfg = Config(env="CartPole-v1", train_dir=str(tmp_path))
     explicit, resuming, rank = set(), False, SOLO
-    if case == "device given":
-        explicit = {"device"}
+    if case == "device cuda":
+        cfg, explicit = dataclasses.replace(cfg, device="cuda"), {"device"}
     elif case == "plan off":
         cfg = dataclasses.replace(cfg, plan="off")
     elif case == "torchrun":
@@ -76,14 +83,14 @@ def test_auto_plans_once_where_the_device_is_not_the_plans_to_choose(planned_on,
             fh.write(plan_predicting(1.0).to_json())
         resuming = True
     placement = place(cfg, explicit, resuming, rank)
-    assert planned_on["asked"] == ["auto"]
-    assert placement.plan.device == "auto"
-    assert runner.planner.apply(cfg, placement.plan).device == "auto"
+    assert planned_on["asked"] == [cfg.device]
+    assert placement.plan.device == "auto"  # the plan leaves --device as it was
+    assert runner.planner.apply(cfg, placement.plan).device == cfg.device
 
 
 def test_without_a_gpu_auto_plans_once(monkeypatch):
     monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: False)
-    assert not runner.compares_devices(Config(env="CartPole-v1"), set(), resuming=False, rank=SOLO)
+    assert not runner.compares_devices(Config(env="CartPole-v1"), resuming=False, rank=SOLO)
 
 
 def test_the_plan_file_keeps_the_device_and_older_plans_read_as_auto():
@@ -94,7 +101,7 @@ def test_the_plan_file_keeps_the_device_and_older_plans_read_as_auto():
     del older["device"]
     assert Plan.from_json(json.dumps(older)).device == "auto"
     assert "device" not in Plan.from_json(json.dumps(older)).options()
-    with pytest.raises(ValueError, match="its device is 'tpu', not auto, cpu or cuda"):
+    with pytest.raises(ValueError, match="its device is 'tpu', not one of auto, cpu, cuda"):
         Plan.from_json(json.dumps({**older, "device": "tpu"}))
 
 

@@ -278,19 +278,19 @@ class Placement(NamedTuple):
     plan: Optional[planner.Plan]
 
 
-def compares_devices(cfg: Config, explicit: set, resuming: bool, rank: Rank) -> bool:
-    """Whether --device auto plans on the GPU and on the CPU to keep the faster: only where CUDA is
-    present and a plan is made afresh (a saved plan keeps its device), and not under torchrun,
-    whose ranks must compute alike."""
-    return (cfg.device == "auto" and "device" not in explicit and torch.cuda.is_available()
-            and cfg.plan != "off" and plan_file(cfg, resuming) is None and not rank.distributed)
+def compares_devices(cfg: Config, resuming: bool, rank: Rank) -> bool:
+    """Whether --device auto (the default, or written out) plans on the GPU and on the CPU to keep
+    the faster: only where CUDA is present and a plan is made afresh (a saved plan keeps its
+    device), and not under torchrun, whose ranks must compute alike."""
+    return (cfg.device == "auto" and torch.cuda.is_available() and cfg.plan != "off"
+            and plan_file(cfg, resuming) is None and not rank.distributed)
 
 
 def place_run(cfg: Config, explicit: set, env, frameskip: int, resuming: bool, rank: Rank) -> Placement:
     """The run's precision and plan. Under --device auto with a GPU here, the plan that predicts more
     trained env frames/s, on the GPU or on the CPU: a small model's learner can run faster on the
     cores than as a GPU's many short kernels (benchmarks/gpu_check.sh's mujoco step measures it)."""
-    devices = ("cuda", "cpu") if compares_devices(cfg, explicit, resuming, rank) else (cfg.device,)
+    devices = ("cuda", "cpu") if compares_devices(cfg, resuming, rank) else (cfg.device,)
     placements = {}
     for device in devices:
         on = dataclasses.replace(cfg, device=device)

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from fastrl.config import splits_per_worker
+from fastrl.config import DEVICES, splits_per_worker
 from fastrl.plumbing.files import write_json
 
 # What the planner may choose; every other option stays as configured.
@@ -120,8 +120,8 @@ class Plan:
             raise ValueError(f"it has no {missing[0]}")
         if data["inference"] not in ("local", "policy_worker"):
             raise ValueError(f"its inference is {data['inference']!r}, not local or policy_worker")
-        if data.get("device", "auto") not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"its device is {data['device']!r}, not auto, cpu or cuda")
+        if data.get("device", "auto") not in DEVICES:
+            raise ValueError(f"its device is {data['device']!r}, not one of {', '.join(DEVICES)}")
         for name in PLANNED:
             if name not in ("inference", "worker_nice") and data[name] < 1:
                 raise ValueError(f"its {name} is {data[name]}, not a count of at least 1")
