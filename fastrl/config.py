@@ -238,12 +238,6 @@ class Config:
                                 "command's seconds; under torchrun only frames, as each rank keeps its own clock. "
                                 "Not the default: on MuJoCo's Hopper-v5 its runs fell back from their best less "
                                 "but ended lower (docs/envs.md).")
-    ppo_epochs_schedule: str = _opt("constant", "Passes over each batch over the run: 'constant', or 'linear', which "
-                                                "lowers --ppo_epochs toward 1 where the run's budget ends.",
-                                    choices=("constant", "linear"),
-                                    why="Counts the budget as --lr_schedule does. Beside a linear rate on policy, "
-                                        "late batches otherwise spend every pass barely moving the policy while "
-                                        "sampling waits (docs/envs.md).")
 
     _section("model")
     model: str = _opt("", "The network's encoder: empty for fastrl's (MLP for vectors, conv for images), a name "
@@ -469,10 +463,6 @@ class Config:
         import_modules(self)
 
 
-# The options that change a value over the run's budget, and what 'linear' does.
-SCHEDULES = {"lr_schedule": "decays the learning rate to 0", "ppo_epochs_schedule": "lowers --ppo_epochs to 1"}
-
-
 def validate(cfg: Config, writes: bool = True) -> None:
     """Raise ConfigError naming the first impossible setting and how to fix it. `writes`: whether
     to try writing the experiment folder (not on torchrun ranks past 0, which would race rank 0)."""
@@ -505,10 +495,9 @@ def validate(cfg: Config, writes: bool = True) -> None:
         raise ConfigError(f"--gamma is {cfg.gamma} but must lie in [0, 1].")
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise ConfigError(f"--vtrace_lambda is {cfg.vtrace_lambda} but must lie in [0, 1].")
-    for name, what in SCHEDULES.items():
-        if getattr(cfg, name) == "linear" and not (cfg.train_for_env_frames or cfg.train_for_seconds):
-            raise ConfigError(f"--{name} linear {what} where the run's budget ends; set --train_for_env_frames or "
-                              f"--train_for_seconds, or choose --{name} constant.")
+    if cfg.lr_schedule == "linear" and not (cfg.train_for_env_frames or cfg.train_for_seconds):
+        raise ConfigError("--lr_schedule linear decays the learning rate to 0 where the run's budget ends; set "
+                          "--train_for_env_frames or --train_for_seconds, or choose --lr_schedule constant.")
     try:
         sizes = cfg.hidden_size_tuple
     except ValueError:

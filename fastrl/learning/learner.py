@@ -282,7 +282,6 @@ class Learner:
             # Every rank's frames, as of the last agreement: the same count on every rank
             # (a time budget, read off each rank's own clock, is refused under torchrun).
             self._set_lr(scheduled_lr(cfg, self.run_frames(), time.time() - self.launched_at))
-        passes = scheduled_passes(cfg, self.run_frames(), time.time() - self.launched_at)
 
         bounded = cfg.target_kl > 0 and cfg.ppo_epochs * cfg.num_minibatches > 1
         samples = None  # single-sample minibatches' rows, with their targets (--minibatch_split samples)
@@ -298,7 +297,7 @@ class Learner:
             batch = {**batch, "start_log_ratio": start_log_ratios(self.model, batch)}
         self._stats_this_batch = self._metrics_due()
         taken = 0
-        for stepped in self._passes(batch, valid, samples, passes):
+        for stepped in self._passes(batch, valid, samples):
             if not stepped:  # the KL bound refused it: no step past it either
                 self.row.add("kl_stops", 1)
                 break
@@ -316,12 +315,12 @@ class Learner:
         self.params.publish(flat_state(self.model), self.version)
         self._send_compile_news()
 
-    def _passes(self, batch: dict, valid: torch.Tensor, samples: Optional[dict], passes: int):
-        """The batch's `passes` passes, lazily: yields whether each step was
+    def _passes(self, batch: dict, valid: torch.Tensor, samples: Optional[dict]):
+        """The batch's --ppo_epochs passes, lazily: yields whether each step was
         taken (False: the KL bound refused it)."""
         cfg, dev = self.cfg, self.device
         T, B = batch["rewards"].shape
-        for _ in range(passes):
+        for _ in range(cfg.ppo_epochs):
             if cfg.num_minibatches == 1:  # the whole batch, in place: no copy of its frames
                 yield self._gradient_step(batch, valid)
             elif samples is not None:
@@ -445,15 +444,6 @@ def scheduled_lr(cfg, run_frames: int, seconds: float) -> float:
     if cfg.lr_schedule == "constant":
         return cfg.lr
     return cfg.lr * max(0.0, 1.0 - max(cfg.budget_done(run_frames, seconds).values(), default=0.0))
-
-
-def scheduled_passes(cfg, run_frames: int, seconds: float) -> int:
-    """--ppo_epochs as --ppo_epochs_schedule has it `run_frames` and `seconds` into the run:
-    'linear' falls with the nearer budget's remainder, rounded up, to 1 at its end."""
-    if cfg.ppo_epochs_schedule == "constant":
-        return cfg.ppo_epochs
-    left = 1.0 - max(cfg.budget_done(run_frames, seconds).values(), default=0.0)
-    return max(1, math.ceil(cfg.ppo_epochs * left))
 
 
 def nonfinite_fields(batch: dict) -> list:

@@ -38,7 +38,6 @@ from fastrl.algo.model import (
 from fastrl.algo.model_registry import ModelError
 from fastrl.config import (
     EARLIER_DEFAULTS,
-    SCHEDULES,
     Config,
     ConfigError,
     check_env_and_options,
@@ -433,10 +432,9 @@ def _check_experiment(cfg: Config, rank: Rank) -> None:
     if rank.distributed and cfg.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.num_policies} is not supported under torchrun yet; train several "
                           "policies on one machine without torchrun, or one policy with it.")
-    for name in SCHEDULES:
-        if rank.distributed and getattr(cfg, name) == "linear" and cfg.train_for_seconds:
-            raise ConfigError(f"--{name} linear cannot decay over --train_for_seconds under torchrun, as each rank "
-                              "keeps its own clock and their steps would differ; give --train_for_env_frames alone.")
+    if rank.distributed and cfg.lr_schedule == "linear" and cfg.train_for_seconds:
+        raise ConfigError("--lr_schedule linear cannot decay over --train_for_seconds under torchrun, as each rank "
+                          "keeps its own clock and their steps would differ; give --train_for_env_frames alone.")
     ckpt_root = checkpoint_root(cfg)
     if os.path.lexists(ckpt_root) and not os.path.isdir(ckpt_root):
         raise ConfigError(f"{ckpt_root} is not a folder, but the experiment keeps its checkpoints there; "
