@@ -35,8 +35,9 @@ class ConfigError(ValueError):
     """A configuration a run can never succeed with; the message says how to fix it."""
 
 
-# --device's values; a saved plan.json names one of them too.
+# --device's and --inference's values; a saved plan.json names one of each too.
 DEVICES = ("auto", "cpu", "cuda")
+INFERENCE_MODES = ("local", "policy_worker")
 
 # The heading the Config fields declared next are listed under (`_section`).
 _SECTION = [""]
@@ -104,7 +105,7 @@ class Config:
         "local",
         "Where actions are computed: 'local', in each rollout worker for its own envs, or 'policy_worker', in separate "
         "processes that batch every worker's observations.",
-        choices=("local", "policy_worker"),
+        choices=INFERENCE_MODES,
         why="Local inference has no round trip between processes, which suits a machine with few CPU cores; policy "
             "workers batch many workers' observations into one forward, which pays with a GPU or many workers.",
     )

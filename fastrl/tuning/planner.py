@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from fastrl.config import DEVICES, splits_per_worker
+from fastrl.config import DEVICES, INFERENCE_MODES, splits_per_worker
 from fastrl.plumbing.files import write_json
 
 # What the planner may choose; every other option stays as configured.
@@ -118,7 +118,7 @@ class Plan:
         missing = [name for name in PLANNED if name not in data and name != "worker_nice"]
         if missing:
             raise ValueError(f"it has no {missing[0]}")
-        if data["inference"] not in ("local", "policy_worker"):
+        if data["inference"] not in INFERENCE_MODES:
             raise ValueError(f"its inference is {data['inference']!r}, not local or policy_worker")
         if data.get("device", "auto") not in DEVICES:
             raise ValueError(f"its device is {data['device']!r}, not one of {', '.join(DEVICES)}")
@@ -298,7 +298,7 @@ def _candidates(costs: Costs, cfg, explicit: set) -> list:
     work = Workload.of(cfg)
     # Setting the policy workers' count or batching asks for policy workers.
     inference_options = (["policy_worker"] if explicit & {"num_policy_workers", "inference_batch_wait_ms"}
-                         else ["local", "policy_worker"])
+                         else list(INFERENCE_MODES))
     candidates = []
     max_workers = max(1, 2 * costs.cores)
     for inference in allowed("inference", inference_options):
