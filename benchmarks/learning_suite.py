@@ -55,11 +55,15 @@ the curve. Before 100 episodes the mean is over those finished, on every system.
   return at equal frames  the return(100) of the first report at or past --at_frames
                     env frames (1M by default): the two systems at equal env steps,
                     what counts where a step is expensive.
+  evaluation at equal frames  fastrl's deterministic evaluation (its evaluator's mean
+                    over --eval_episodes, continuous control's default) first made at
+                    or past --at_frames: how rl-zoo3's published figures are measured,
+                    so the like-for-like comparison with them. Without an evaluator: -.
   largest fall      the deepest the return(100) fell below its best so far, as a
                     share of that best's rise above the first report: a run stopped
                     at that moment keeps the worse policy.
-Returns are training-episode returns (with exploration), not a separate evaluation,
-on all systems alike; on Doom they are the game's own score: fastrl's objective(100)
+Returns, but for that evaluation, are training-episode returns (with exploration), on
+all systems alike; on Doom they are the game's own score: fastrl's objective(100)
 where its status line has one (a scenario trained on a shaped reward reports the
 game's score there), SF's converted as SF_RETURN says.
 
@@ -222,8 +226,9 @@ def attach_tb_returns(curve: list, launched: float, events: list, scale: float, 
     return out
 
 
-def read_tb_scalar(tb_dir: str, tag: str) -> list:
-    """[(wall time, value), ...] of one scalar in TensorBoard events, [] if absent."""
+def read_tb_scalar(tb_dir: str, tag: str, by: str = "wall_time") -> list:
+    """[(wall time, value), ...] of one scalar in TensorBoard events (by="step": [(step,
+    value), ...]), [] if absent."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not os.path.isdir(tb_dir):
@@ -232,7 +237,7 @@ def read_tb_scalar(tb_dir: str, tag: str) -> list:
     acc.Reload()
     if tag not in acc.Tags().get("scalars", []):
         return []
-    return sorted((e.wall_time, e.value) for e in acc.Scalars(tag))
+    return sorted((getattr(e, by), e.value) for e in acc.Scalars(tag))
 
 
 def within_budget(curve: list, seconds: float, stopped_itself: bool) -> list:
@@ -261,6 +266,18 @@ def return_at_frames(curve: list, frames: int) -> float | None:
     compared at equal env steps, where a step is what costs (a simulator, a robot).
     None if the run never got that far."""
     return next((ret for _, f, ret in curve if f >= frames), None)
+
+
+def read_evaluations(out: str, exp: str) -> list:
+    """[[env frames, mean return], ...] of the deterministic evaluations a fastrl run in
+    `out` made (its evaluator's, in TensorBoard); [] for a run without an evaluator."""
+    return [list(e) for e in read_tb_scalar(os.path.join(out, "fastrl", exp, "tb"), "eval/return", by="step")]
+
+
+def evaluation_at_frames(evaluations: list, frames: int) -> float | None:
+    """The first deterministic evaluation ([env frames, mean return], fastrl's evaluator)
+    at or past `frames` env frames; None if the run made none there."""
+    return next((ret for f, ret in evaluations if f >= frames), None)
 
 
 def largest_fall(curve: list) -> float | None:
@@ -373,6 +390,7 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
     else:
         curve = parse_status_lines(lines)
     kept = within_budget(curve, args.seconds, stopped_itself=system != "sf" and not run.stop_note)
+    evaluations = read_evaluations(args.out, exp) if system == "fastrl" else []
     target = TARGETS.get(env)
     problems = []
     if not curve:
@@ -386,6 +404,7 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
         "time_to_target": time_to_target(kept, target),
         "return_at_budget": return_at_budget(kept),
         "at_frames": args.at_frames, "return_at_frames": return_at_frames(kept, args.at_frames),
+        "evaluations": evaluations, "evaluation_at_frames": evaluation_at_frames(evaluations, args.at_frames),
         "largest_fall": largest_fall(kept),
         "frames": kept[-1][1] if kept else None,
         "reports_past_budget": len(curve) - len(kept),
@@ -437,8 +456,8 @@ def table(results: list) -> str:
         groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
     rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
             f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) "
-            "| return at equal frames (median) | largest fall (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| return at equal frames (median) | evaluation at equal frames (median) | largest fall (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (env, name, seconds), runs in sorted(groups.items()):
         target = runs[0]["target"]
         if target is None:
@@ -454,6 +473,7 @@ def table(results: list) -> str:
                     f"| {_fmt(_median_or_none(r['return_at_budget'] for r in runs))} "
                     f"| {_fmt(_median_or_none(late_return(r['curve']) for r in runs))} "
                     f"| {_fmt(_median_or_none(r['frames'] for r in runs))} | {_at_frames_cell(runs)} "
+                    f"| {_at_frames_cell(runs, 'evaluation_at_frames')} "
                     f"| {_share(_median_or_none(r.get('largest_fall') for r in runs))} |")
     return "\n".join(rows)
 
@@ -462,10 +482,10 @@ def _share(value) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _at_frames_cell(runs: list) -> str:
-    """'2,345 at 1,000,000' (the median return at the runs' --at_frames), or '-'."""
+def _at_frames_cell(runs: list, key: str = "return_at_frames") -> str:
+    """'2,345 at 1,000,000' (the median of `key`, a figure at the runs' --at_frames), or '-'."""
     at = runs[0].get("at_frames")
-    median = _median_or_none(r.get("return_at_frames") for r in runs) if at else None
+    median = _median_or_none(r.get(key) for r in runs) if at else None
     return "-" if median is None else f"{_fmt(median)} at {at:,}"
 
 
@@ -492,6 +512,9 @@ def headline(runs: list) -> dict:
             at_frames = _median_or_none(r.get("return_at_frames") for r in mine)
             figure[f"{system}_return_at_{mine[0]['at_frames']:,}_frames"] = (None if at_frames is None
                                                                              else round(at_frames, 2))
+            evaluated = _median_or_none(r.get("evaluation_at_frames") for r in mine)
+            if evaluated is not None:
+                figure[f"{system}_evaluation_at_{mine[0]['at_frames']:,}_frames"] = round(evaluated, 2)
     return figure
 
 
@@ -565,6 +588,10 @@ def combine(args) -> int:
                   "were given as --out.", file=sys.stderr)
             return 2
         for r in load_results(path):
+            if r["system"] == "fastrl" and "evaluations" not in r:  # recorded before the suite read them
+                r["evaluations"] = read_evaluations(folder, experiment_name(r["env"], r["seed"], r["tag"]))
+                r["evaluation_at_frames"] = (evaluation_at_frames(r["evaluations"], r["at_frames"])
+                                             if r.get("at_frames") else None)
             key = (r["tag"], r["system"], r["env"], r["seed"], r["seconds"])
             if key not in runs or r["date_utc"] > runs[key]["date_utc"]:
                 runs[key] = r

@@ -288,5 +288,48 @@ def test_equal_frames_and_the_largest_fall_from_the_best_are_read_off_the_curve(
     assert ls.headline(runs)["fastrl_return_at_1,000,000_frames"] == 1000.0
     row = ls.table(runs).splitlines()[2]
     assert row.split("|")[11] == " 1,000 at 1,000,000 "
-    assert row.split("|")[12] == " 20% "  # the median seed's
-    assert ls.table([_record("fastrl", 0, None, 1.0, 1)]).splitlines()[2].split("|")[12] == " - "  # an older record
+    assert row.split("|")[13] == " 20% "  # the median seed's
+    assert ls.table([_record("fastrl", 0, None, 1.0, 1)]).splitlines()[2].split("|")[13] == " - "  # an older record
+
+
+EVALUATIONS = [[250_400, 800.0], [500_100, 1600.0], [1_000_160, 3200.0], [1_250_000, 2900.0]]
+
+
+def _write_evaluations(out, exp, evaluations):
+    """TensorBoard events as fastrl's monitor writes its evaluator's results: env frames as the step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(out / "fastrl" / exp / "tb"))
+    for frames, ret in evaluations:
+        writer.add_scalar("eval/return", ret, frames)
+    writer.close()
+
+
+def test_the_evaluation_at_equal_frames_is_the_first_deterministic_one_at_or_past_them(tmp_path):
+    _write_evaluations(tmp_path, "Hopper-v5_s0", EVALUATIONS)
+    evaluations = ls.read_evaluations(str(tmp_path), "Hopper-v5_s0")
+    assert evaluations == EVALUATIONS
+    assert ls.evaluation_at_frames(evaluations, 1_000_000) == 3200.0
+    assert ls.evaluation_at_frames(evaluations, 2_000_000) is None
+    assert ls.read_evaluations(str(tmp_path), "Hopper-v5_s1") == []  # no run, or one without an evaluator
+    runs = [{**_record("fastrl", seed, None, 900.0, 2_000_000, target=None), "at_frames": 1_000_000,
+             "return_at_frames": 1000.0, "evaluation_at_frames": ret}
+            for seed, ret in enumerate([3200.0, 700.0, None])]  # the third run made no evaluation there
+    assert ls.headline(runs)["fastrl_evaluation_at_1,000,000_frames"] == pytest.approx(1950.0)
+    assert ls.table(runs).splitlines()[2].split("|")[12] == " 1,950 at 1,000,000 "
+    # A run without an evaluator (no record of one) leaves the column and the figure out.
+    plain = [{**run, "evaluation_at_frames": None} for run in runs]
+    assert "fastrl_evaluation_at_1,000,000_frames" not in ls.headline(plain)
+    assert ls.table(plain).splitlines()[2].split("|")[12] == " - "
+
+
+def test_combine_reads_the_evaluations_of_runs_recorded_before_the_suite_did(tmp_path, monkeypatch):
+    results = tmp_path / "records"
+    monkeypatch.setenv("FASTRL_BENCHMARK_RESULTS", str(results))
+    older = {**_made_run(0, 100.0, 0.5), "at_frames": 1_000_000, "return_at_frames": 90.0}
+    folder = _write_runs(tmp_path / "s0", older)
+    _write_evaluations(tmp_path / "s0", "CartPole-v1_s0", EVALUATIONS)
+    assert ls.main(["--combine", folder, "--out", str(tmp_path / "all")]) == 0
+    with open(results / "learning_CartPole-v1_60s_fastrl.jsonl") as fh:
+        (record,) = [json.loads(line) for line in fh]
+    assert record["figure"]["fastrl_evaluation_at_1,000,000_frames"] == 3200.0
