@@ -119,7 +119,7 @@ class Plan:
         if missing:
             raise ValueError(f"it has no {missing[0]}")
         if data["inference"] not in INFERENCE_MODES:
-            raise ValueError(f"its inference is {data['inference']!r}, not local or policy_worker")
+            raise ValueError(f"its inference is {data['inference']!r}, not one of {', '.join(INFERENCE_MODES)}")
         if data.get("device", "auto") not in DEVICES:
             raise ValueError(f"its device is {data['device']!r}, not one of {', '.join(DEVICES)}")
         for name in PLANNED:
