@@ -413,6 +413,7 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
         "cores_used_by_run": round(run.run_cores, 2), "cores_used_by_others": round(run.other_cores, 2),
         "left_processes": len(run.left_processes), "left_shm_segments": len(run.left_segments),
         "problems": problems, "log": log_path, "command": shlex.join(cmd),
+        "suite_command": records.this_command(),  # what --combine's record names as the runs' source
     }
 
 
@@ -559,10 +560,10 @@ def plot(results: list, out_dir: str) -> list:
     return written
 
 
-def record_headlines(runs: list, tag: str) -> None:
+def record_headlines(runs: list, tag: str, combined: bool = False) -> None:
     """One record per env and budget among `runs` (all of `tag`), unless one of its runs
     had a problem; named for the systems that ran, and stamped with the machine and
-    commit that made the runs."""
+    commit that made the runs and the command (for a --combine, the runs' commands too)."""
     groups = {}
     for r in runs:
         groups.setdefault((r["env"], r["seconds"]), []).append(r)
@@ -571,8 +572,18 @@ def record_headlines(runs: list, tag: str) -> None:
             continue
         systems = "_".join(s for s in SYSTEMS if any(r["system"] == s for r in group))
         question = re.sub(r"[^A-Za-z0-9._-]", "_", f"learning_{env}_{seconds:g}s_{systems}")
-        records.append(question + (f"_{tag}" if tag else ""), headline(group), records.this_command(),
+        records.append(question + (f"_{tag}" if tag else ""), headline(group),
+                       combined_command(group) if combined else records.this_command(),
                        made_by=group[0]["made_by"])
+
+
+def combined_command(runs: list) -> str:
+    """The commands that made `runs` (each once, oldest first), then this --combine: one
+    shell line that makes the figure again. Runs from before the suite kept its command
+    name only the --combine."""
+    made = sorted((r["date_utc"], r["suite_command"]) for r in runs if r.get("suite_command"))
+    commands = list(dict.fromkeys(command for _, command in made))
+    return " && ".join([*commands, records.this_command()])
 
 
 def combine(args) -> int:
@@ -614,7 +625,7 @@ def combine(args) -> int:
         for path in plot(kept, args.out):
             print(f"wrote {path}")
     for tag in sorted({r["tag"] for r in kept}):
-        record_headlines([r for r in kept if r["tag"] == tag], tag)
+        record_headlines([r for r in kept if r["tag"] == tag], tag, combined=True)
     return 0
 
 

@@ -141,7 +141,8 @@ def test_a_rerun_replaces_its_older_record(tmp_path):
 
 def _made_run(seed, ret, fall, tag="", commit="abc1234", date="2026-12-01 10:00:00"):
     return {**_record("fastrl", seed, None, ret, 1, target=None, tag=tag), "largest_fall": fall, "problems": [],
-            "date_utc": date, "made_by": {"machine": {"cpu": "a test CPU", "cores": 2, "gpu": None}, "commit": commit}}
+            "date_utc": date, "made_by": {"machine": {"cpu": "a test CPU", "cores": 2, "gpu": None}, "commit": commit},
+            "suite_command": f"python benchmarks/learning_suite.py --seeds {seed}" + (f" --tag {tag}" if tag else "")}
 
 
 def _write_runs(folder, *runs):
@@ -160,7 +161,9 @@ def test_combine_records_seeds_run_in_separate_calls_as_one_figure(tmp_path, mon
                # seed 2 twice over two folders: the newer run counts
                _write_runs(tmp_path / "s2", _made_run(2, 200.0, 0.4), _made_run(2, 1.0, 0.9, tag="lin")),
                _write_runs(tmp_path / "s2again", _made_run(2, 800.0, 0.0, tag="lin", date="2026-12-02 09:00:00"))]
-    assert ls.main(["--combine", *folders, "--out", str(tmp_path / "all")]) == 0
+    argv = ["--combine", *folders, "--out", str(tmp_path / "all")]
+    monkeypatch.setattr(ls.sys, "argv", [ls.__file__, *argv])  # the command line the record names
+    assert ls.main(argv) == 0
     with open(results / "learning_CartPole-v1_60s_fastrl.jsonl") as fh:
         (plain,) = [json.loads(line) for line in fh]
     with open(results / "learning_CartPole-v1_60s_fastrl_lin.jsonl") as fh:
@@ -168,6 +171,10 @@ def test_combine_records_seeds_run_in_separate_calls_as_one_figure(tmp_path, mon
     assert plain["figure"] == {"seeds": [0, 1, 2], "fastrl_return_at_budget": 200.0, "fastrl_largest_fall": 0.4}
     assert lin["figure"] == {"seeds": [0, 1, 2], "fastrl_return_at_budget": 800.0, "fastrl_largest_fall": 0.1}
     assert lin["commit"] == "abc1234" and lin["machine"]["cpu"] == "a test CPU", "where the runs were made"
+    made, combined = lin["command"].rsplit(" && ", 1)
+    assert made == " && ".join(f"python benchmarks/learning_suite.py --seeds {seed} --tag lin" for seed in (0, 1, 2))
+    assert combined.startswith("python benchmarks/learning_suite.py --combine")
+    assert plain["command"].count(" && ") == 3 and "--tag" not in plain["command"], "each record its own runs'"
     table = (tmp_path / "all" / "table.md").read_text()
     assert "| CartPole-v1 | fastrl (lin) | 60 s | 0, 1, 2 | - | - | - | 800.0 |" in table
 
@@ -327,9 +334,11 @@ def test_combine_reads_the_evaluations_of_runs_recorded_before_the_suite_did(tmp
     results = tmp_path / "records"
     monkeypatch.setenv("FASTRL_BENCHMARK_RESULTS", str(results))
     older = {**_made_run(0, 100.0, 0.5), "at_frames": 1_000_000, "return_at_frames": 90.0}
+    del older["suite_command"]
     folder = _write_runs(tmp_path / "s0", older)
     _write_evaluations(tmp_path / "s0", "CartPole-v1_s0", EVALUATIONS)
     assert ls.main(["--combine", folder, "--out", str(tmp_path / "all")]) == 0
     with open(results / "learning_CartPole-v1_60s_fastrl.jsonl") as fh:
         (record,) = [json.loads(line) for line in fh]
     assert record["figure"]["fastrl_evaluation_at_1,000,000_frames"] == 3200.0
+    assert " && " not in record["command"], "a run that kept no command adds none"
