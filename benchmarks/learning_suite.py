@@ -62,6 +62,9 @@ the curve. Before 100 episodes the mean is over those finished, on every system.
   largest fall      the deepest the return(100) fell below its best so far, as a
                     share of that best's rise above the first report: a run stopped
                     at that moment keeps the worse policy.
+  fall after best   the deepest the return(100) fell after its best report, as a
+                    share of the same rise: what the run gave back of its peak,
+                    where an early dip before a long climb counts only in the above.
 Returns, but for that evaluation, are training-episode returns (with exploration), on
 all systems alike; on Doom they are the game's own score: fastrl's objective(100)
 where its status line has one (a scenario trained on a shaped reward reports the
@@ -296,6 +299,17 @@ def largest_fall(curve: list) -> float | None:
     return deepest
 
 
+def fall_after_best(curve: list) -> float | None:
+    """The deepest fall of return(100) after its best report, as a fraction of that best's
+    rise above the first report (0: ended at its best); unlike largest_fall, a dip on the
+    way up does not count. None without two reports or a rise."""
+    returns = [ret for _, _, ret in curve if ret is not None]
+    if len(returns) < 2 or max(returns) == returns[0]:
+        return None
+    peak = returns.index(max(returns))
+    return (returns[peak] - min(returns[peak:])) / (returns[peak] - returns[0])
+
+
 LATE_WINDOW_S = 30.0
 
 
@@ -405,7 +419,7 @@ def run_one(args, system: str, env: str, seed: int) -> dict:
         "return_at_budget": return_at_budget(kept),
         "at_frames": args.at_frames, "return_at_frames": return_at_frames(kept, args.at_frames),
         "evaluations": evaluations, "evaluation_at_frames": evaluation_at_frames(evaluations, args.at_frames),
-        "largest_fall": largest_fall(kept),
+        "largest_fall": largest_fall(kept), "fall_after_best": fall_after_best(kept),
         "frames": kept[-1][1] if kept else None,
         "reports_past_budget": len(curve) - len(kept),
         "wall_s": round(run.exited - run.launched, 1), "returncode": run.returncode,
@@ -427,12 +441,14 @@ def label(record: dict) -> str:
 
 def load_results(path: str) -> list:
     """Every run in results.jsonl, the newest of each tag/system/env/seed/budget only
-    (a rerun replaces its older self rather than counting as one more seed)."""
+    (a rerun replaces its older self rather than counting as one more seed). A run
+    recorded before its fall after best was kept gets it from its curve."""
     newest = {}
     with open(path) as fh:
         for line in fh:
             if line.strip():
                 r = json.loads(line)
+                r.setdefault("fall_after_best", fall_after_best(r["curve"]))
                 newest[(r["tag"], r["system"], r["env"], r["seed"], r["seconds"])] = r
     return list(newest.values())
 
@@ -457,8 +473,9 @@ def table(results: list) -> str:
         groups.setdefault((r["env"], label(r), r["seconds"]), []).append(r)
     rows = ["| env | system | budget | seeds | target | reached | time to target (median) "
             f"| return at budget (median) | return, last {LATE_WINDOW_S:g} s (median) | frames at budget (median) "
-            "| return at equal frames (median) | evaluation at equal frames (median) | largest fall (median) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| return at equal frames (median) | evaluation at equal frames (median) | largest fall (median) "
+            "| fall after best (median) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (env, name, seconds), runs in sorted(groups.items()):
         target = runs[0]["target"]
         if target is None:
@@ -475,7 +492,8 @@ def table(results: list) -> str:
                     f"| {_fmt(_median_or_none(late_return(r['curve']) for r in runs))} "
                     f"| {_fmt(_median_or_none(r['frames'] for r in runs))} | {_at_frames_cell(runs)} "
                     f"| {_at_frames_cell(runs, 'evaluation_at_frames')} "
-                    f"| {_share(_median_or_none(r.get('largest_fall') for r in runs))} |")
+                    f"| {_share(_median_or_none(r.get('largest_fall') for r in runs))} "
+                    f"| {_share(_median_or_none(r.get('fall_after_best') for r in runs))} |")
     return "\n".join(rows)
 
 
@@ -506,9 +524,10 @@ def headline(runs: list) -> dict:
             figure[f"{system}_reached"] = f"{sum(t is not None for t in times)}/{len(mine)}"
         at_budget = _median_or_none(r["return_at_budget"] for r in mine)
         figure[f"{system}_return_at_budget"] = None if at_budget is None else round(at_budget, 2)
-        fall = _median_or_none(r.get("largest_fall") for r in mine)
-        if fall is not None:
-            figure[f"{system}_largest_fall"] = round(fall, 2)
+        for key in ("largest_fall", "fall_after_best"):
+            fall = _median_or_none(r.get(key) for r in mine)
+            if fall is not None:
+                figure[f"{system}_{key}"] = round(fall, 2)
         if mine[0].get("at_frames"):
             at_frames = _median_or_none(r.get("return_at_frames") for r in mine)
             figure[f"{system}_return_at_{mine[0]['at_frames']:,}_frames"] = (None if at_frames is None

@@ -287,16 +287,24 @@ def test_equal_frames_and_the_largest_fall_from_the_best_are_read_off_the_curve(
     # A fall mid-run counts though the run ended at a new best: 1000 down to 400 gives back 2/3.
     dipped = [*curve[:3], [20.0, 2_000_000, 400.0], [25.0, 2_500_000, 1200.0]]
     assert ls.largest_fall(dipped) == pytest.approx(600.0 / 900.0)
+    # After the best only: the dip came before the run's best (1200), which it ended at.
+    assert ls.fall_after_best(dipped) == 0.0
+    assert ls.fall_after_best(curve) == pytest.approx(100.0 / 900.0)
+    assert ls.fall_after_best([*dipped, [30.0, 3_000_000, 650.0]]) == pytest.approx(550.0 / 1100.0)
+    assert ls.fall_after_best([[5.0, 1, 100.0], [10.0, 2, 50.0]]) is None
     assert ls.largest_fall([[5.0, 1, 100.0], [10.0, 2, 50.0]]) is None  # never rose above the first report
     assert ls.largest_fall(curve[:1]) is None
     runs = [{**_record("fastrl", seed, None, 900.0, 2_000_000, target=None), "at_frames": 1_000_000,
-             "return_at_frames": ret, "largest_fall": fall}
+             "return_at_frames": ret, "largest_fall": fall, "fall_after_best": fall / 2}
             for seed, (ret, fall) in enumerate([(1000.0, 0.1), (700.0, 0.5), (1200.0, 0.2)])]
-    assert ls.headline(runs)["fastrl_return_at_1,000,000_frames"] == 1000.0
+    figure = ls.headline(runs)
+    assert figure["fastrl_return_at_1,000,000_frames"] == 1000.0
+    assert (figure["fastrl_largest_fall"], figure["fastrl_fall_after_best"]) == (0.2, 0.1)
     row = ls.table(runs).splitlines()[2]
     assert row.split("|")[11] == " 1,000 at 1,000,000 "
-    assert row.split("|")[13] == " 20% "  # the median seed's
-    assert ls.table([_record("fastrl", 0, None, 1.0, 1)]).splitlines()[2].split("|")[13] == " - "  # an older record
+    assert row.split("|")[13:15] == [" 20% ", " 10% "]  # the median seed's
+    older = ls.table([_record("fastrl", 0, None, 1.0, 1)]).splitlines()[2].split("|")
+    assert older[13:15] == [" - ", " - "]  # a record from before these figures
 
 
 EVALUATIONS = [[250_400, 800.0], [500_100, 1600.0], [1_000_160, 3200.0], [1_250_000, 2900.0]]
