@@ -171,7 +171,7 @@ class Config:
                                  "rollout x envs per split.", common=True,
                            why="Under torchrun each gradient step averages over ranks x this many samples.")
     ppo_epochs: int = _opt(2, "Passes over each batch; 4 on Atari and on MuJoCo's Hopper, Walker2d, Ant, "
-                                 "Humanoid (fastrl/presets.py).")
+                                 "Humanoid, 10 on Walker2d with a budget (fastrl/presets.py).")
     num_minibatches: int = _opt(4, "Gradient steps per pass; the batch is split evenly among them (see "
                                    "--minibatch_split).")
     minibatch_split: str = _opt(

@@ -126,6 +126,8 @@ def test_vector_observations_and_continuous_actions_bring_their_defaults_unless_
         "eval_every_frames": 250_000, "eval_episodes": 10}  # and its evaluator, keeping the best policy
     walker = preset_for_spaces("Walker2d-v5", gymnasium.spaces.Box(-np.inf, np.inf, (17,)), box)
     assert walker == {**preset_for_spaces("Pendulum-v1", vector, box), "lr": 3e-4, "ppo_epochs": 4}  # locomotion
+    hopper = preset_for_spaces("Hopper-v5", gymnasium.spaces.Box(-np.inf, np.inf, (11,)), box, budgeted=True)
+    assert hopper == walker  # PPO's regime is Walker2d's alone
     assert preset_for_spaces("CartPole-v1", vector, gymnasium.spaces.Discrete(2)) == {"vtrace_lambda": 0.95}
     assert preset_for_spaces("ReactImage-v0", image, gymnasium.spaces.Discrete(2)) == {}  # images keep lambda 1
     assert preset_for_spaces("CarRace-v0", image, box) == {"lr": 1e-3, "target_kl": 0.01}  # pixels: no normaliser
@@ -146,6 +148,40 @@ def test_the_locomotion_preset_knows_gymnasiums_own_tasks_by_name_and_origin():
         assert not is_locomotion_task("Ant-v98")
     finally:
         del gymnasium.envs.registry["Ant-v98"]
+
+
+def test_walker2d_with_a_budget_takes_ppos_regime_and_keeps_the_defaults_without_one(tmp_path):
+    pytest.importorskip("mujoco", reason='MuJoCo is not installed: pip install "gymnasium[mujoco]"')
+    from fastrl.runtime.runner import prepare_experiment
+
+    def prepared(explicit=(), **options):
+        cfg = Config(env="Walker2d-v5", train_dir=str(tmp_path), plan="off", **options)
+        return prepare_experiment(cfg, {"env", *options} | set(explicit)).cfg
+
+    regime = ("max_batches_ahead", "ppo_epochs", "num_minibatches", "target_kl", "lr_schedule", "lr")
+    budgeted = prepared(train_for_env_frames=1_000_000)
+    assert tuple(getattr(budgeted, k) for k in regime) == (0, 10, 16, 0.02, "linear", 3e-4)
+    timed = prepared(train_for_seconds=600.0, experiment="timed")
+    assert tuple(getattr(timed, k) for k in regime) == (0, 10, 16, 0.02, "linear", 3e-4)
+    unbounded = prepared(experiment="unbounded")  # the annealed rate needs a budget: the defaults stand
+    assert tuple(getattr(unbounded, k) for k in regime) == (-1, 4, 4, 0.01, "constant", 3e-4)
+    given = prepared(train_for_env_frames=1_000_000, ppo_epochs=4, experiment="given")
+    assert (given.ppo_epochs, given.lr_schedule) == (4, "linear")  # the user's option wins over the regime's
+
+
+def test_under_torchrun_a_time_budget_brings_no_annealed_rate():
+    pytest.importorskip("mujoco", reason='MuJoCo is not installed: pip install "gymnasium[mujoco]"')
+    from fastrl.plumbing.ranks import Rank
+    from fastrl.runtime.runner import _spaces_presets
+
+    env = gymnasium.make("Walker2d-v5")
+    two_ranks = Rank(world_size=2, local_world_size=2)
+    for budget, schedule in (({"train_for_seconds": 600.0}, "constant"),  # each rank's clock is its own
+                             ({"train_for_env_frames": 1_000_000}, "linear")):
+        cfg = Config(env="Walker2d-v5", **budget)
+        assert _spaces_presets(cfg, env.observation_space, env.action_space, {"env", *budget}, {},
+                               two_ranks).lr_schedule == schedule
+    env.close()
 
 
 def test_a_fresh_models_normaliser_starts_from_the_envs_own_observations(tmp_path):

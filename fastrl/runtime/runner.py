@@ -372,7 +372,7 @@ def prepare_experiment(cfg: Config, explicit: set, rank: Rank = SOLO) -> Prepare
                 build_model(cfg, obs_space, action_space)
         except ModelError as err:
             raise ConfigError(str(err)) from None
-        cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins)
+        cfg = _spaces_presets(cfg, obs_space, action_space, explicit, origins, rank)
         seed_obs = _normaliser_seed(cfg, env, states)
         precision, plan = place_run(cfg, explicit, env, spec.frameskip, resuming=states[0] is not None, rank=rank)
         mark("plan made")
@@ -489,10 +489,13 @@ def _spec_env(cfg: Config, spec):
     return env
 
 
-def _spaces_presets(cfg: Config, obs_space, action_space, explicit: set, origins: dict) -> Config:
+def _spaces_presets(cfg: Config, obs_space, action_space, explicit: set, origins: dict, rank: Rank) -> Config:
     """cfg with the defaults the env's spaces bring (fastrl.presets), checked against them. A resumed
     run keeps the values it saved, given or preset, even where a preset has changed since."""
-    from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space).items()
+    # A budget a rate can be annealed over: under torchrun each rank's clock differs (_check_experiment).
+    budgeted = bool(cfg.train_for_env_frames or cfg.train_for_seconds) and not (rank.distributed
+                                                                               and cfg.train_for_seconds)
+    from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space, budgeted).items()
                    if k not in explicit and origins.get(k) != "saved run"}
     origins.update(dict.fromkeys(from_spaces, "spaces preset"))
     cfg = dataclasses.replace(cfg, **from_spaces)
