@@ -99,7 +99,7 @@ LOCOMOTION_TASKS = ("Hopper", "Walker2d", "Ant", "Humanoid")
 # step and within 10 and 30 minutes, and gave back less of its best; the asynchronous defaults
 # wander there. The annealed rate needs the budget (at a constant rate the regime collapsed), so
 # a run without one keeps the defaults. Within 10 minutes Hopper-v5 reached its target later
-# with it; Ant-v5 got about as high per step; Humanoid-v5 is unmeasured on the clock
+# with it and Humanoid-v5 ended a little lower; Ant-v5 got about as high per step
 # (benchmarks/learning_suite.py --at_frames).
 _ON_POLICY_WITH_BUDGET = {"max_batches_ahead": 0, "ppo_epochs": 10, "num_minibatches": 16, "target_kl": 0.02,
                           "lr_schedule": "linear"}
