@@ -135,7 +135,7 @@ def preset_for_spaces(env_name: str, obs_space, action_space, budgeted: bool = F
         groups += [_CONTINUOUS_CONTROL, _KEEP_BEST_POLICY]
         if is_locomotion_task(env_name):
             groups.append(_LOCOMOTION)
-            if budgeted and env_name.rsplit("-v", 1)[0] in ON_POLICY_TASKS:
+            if budgeted and _task_name(env_name) in ON_POLICY_TASKS:
                 groups.append(_ON_POLICY_WITH_BUDGET)
     values = {}
     for group in groups:  # a group's values were measured together: all of it, or none
@@ -152,4 +152,9 @@ def is_locomotion_task(env_name: str) -> bool:
     spec = gymnasium.envs.registry.get(env_name)
     entry = spec.entry_point if spec is not None else None
     return (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco.")
-            and env_name.rsplit("-v", 1)[0] in LOCOMOTION_TASKS)
+            and _task_name(env_name) in LOCOMOTION_TASKS)
+
+
+def _task_name(env_name: str) -> str:
+    """A gymnasium id without its version: "Walker2d" for "Walker2d-v5"."""
+    return env_name.rsplit("-v", 1)[0]
