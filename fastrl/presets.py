@@ -100,7 +100,7 @@ LOCOMOTION_TASKS = ("Hopper", "Walker2d", "Ant", "Humanoid")
 # wander there. The annealed rate needs the budget (at a constant rate the regime collapsed), so
 # a run without one keeps the defaults. Within 10 minutes Hopper-v5 reached its target later
 # with it and Humanoid-v5 ended a little lower; Ant-v5 got about as high per step
-# (benchmarks/learning_suite.py --at_frames).
+# (benchmarks/learning_suite.py --at_frames); over 30 minutes it left Hopper-v5 lower and no steadier.
 _ON_POLICY_WITH_BUDGET = {"max_batches_ahead": 0, "ppo_epochs": 10, "num_minibatches": 16, "target_kl": 0.02,
                           "lr_schedule": "linear"}
 ON_POLICY_TASKS = ("Walker2d",)
