@@ -432,7 +432,7 @@ def _check_experiment(cfg: Config, rank: Rank) -> None:
     if rank.distributed and cfg.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.num_policies} is not supported under torchrun yet; train several "
                           "policies on one machine without torchrun, or one policy with it.")
-    if rank.distributed and cfg.lr_schedule == "linear" and cfg.train_for_seconds:
+    if cfg.lr_schedule == "linear" and _clock_per_rank(cfg, rank):
         raise ConfigError("--lr_schedule linear cannot decay over --train_for_seconds under torchrun, as each rank "
                           "keeps its own clock and their steps would differ; give --train_for_env_frames alone.")
     ckpt_root = checkpoint_root(cfg)
@@ -489,12 +489,16 @@ def _spec_env(cfg: Config, spec):
     return env
 
 
+def _clock_per_rank(cfg: Config, rank: Rank) -> bool:
+    """Whether the run's time budget is kept on each torchrun rank's own clock, so that a rate
+    decayed over it would step differently on each: no budget a linear rate can use."""
+    return rank.distributed and bool(cfg.train_for_seconds)
+
+
 def _spaces_presets(cfg: Config, obs_space, action_space, explicit: set, origins: dict, rank: Rank) -> Config:
     """cfg with the defaults the env's spaces bring (fastrl.presets), checked against them. A resumed
     run keeps the values it saved, given or preset, even where a preset has changed since."""
-    # A budget a rate can be annealed over: under torchrun each rank's clock differs (_check_experiment).
-    budgeted = bool(cfg.train_for_env_frames or cfg.train_for_seconds) and not (rank.distributed
-                                                                               and cfg.train_for_seconds)
+    budgeted = bool(cfg.train_for_env_frames or cfg.train_for_seconds) and not _clock_per_rank(cfg, rank)
     from_spaces = {k: v for k, v in preset_for_spaces(cfg.env, obs_space, action_space, budgeted).items()
                    if k not in explicit and origins.get(k) != "saved run"}
     origins.update(dict.fromkeys(from_spaces, "spaces preset"))
