@@ -237,8 +237,8 @@ class Config:
                             choices=("constant", "linear"),
                             why="The nearer budget counts; a resumed run counts all its frames but only this "
                                 "command's seconds; under torchrun only frames, as each rank keeps its own clock. "
-                                "Not the default: on MuJoCo's Hopper-v5 its runs fell back from their best less "
-                                "but ended lower (docs/envs.md).")
+                                "Not a default on its own: on MuJoCo's Hopper-v5 its runs fell back from their best "
+                                "less but ended lower; Walker2d with a budget takes it in PPO's regime (docs/envs.md).")
 
     _section("model")
     model: str = _opt("", "The network's encoder: empty for fastrl's (MLP for vectors, conv for images), a name "
