@@ -116,12 +116,13 @@ def test_the_fall_advice_follows_the_runs_schedule_and_kl_brake():
     watch = DriftWatch(lr_schedule="linear", target_kl=0.01)
     (warning,) = _fall_warnings(watch, [-1_000.0, -200.0] + [-800.0] * RETURN_FALL_REPORTS)
     assert "fell to -800, giving back 75% of its rise to its best -200" in warning
-    assert warning.endswith("try a smaller --lr, or a --target_kl under 0.01; --eval_every_frames keeps the best "
-                            "policy it sees in checkpoints/best.pt"), warning
+    # A run that has a KL brake is not sent to tighten it: on Hopper-v5 that did not stop the falls.
+    assert warning.endswith("try a smaller --lr; --eval_every_frames keeps the best policy it sees in "
+                            "checkpoints/best.pt"), warning
     # A run with an evaluator has its best policy kept already, and is told where.
     evaluated = DriftWatch(lr_schedule="linear", target_kl=0.01, evaluating=True)
     (warning,) = _fall_warnings(evaluated, [-1_000.0, -200.0] + [-800.0] * RETURN_FALL_REPORTS)
-    assert warning.endswith("a --target_kl under 0.01; the best evaluated policy stays in checkpoints/best.pt")
+    assert warning.endswith("try a smaller --lr; the best evaluated policy stays in checkpoints/best.pt"), warning
 
 
 def test_a_fall_within_the_windows_noise_is_not_one():

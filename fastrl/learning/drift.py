@@ -130,14 +130,16 @@ class DriftWatch:
         given_back = fall / rise
         rate = ("--lr_schedule linear with a --train_for_env_frames or --train_for_seconds budget (the rate reaches 0 "
                 "at its end)" if self._lr_schedule == "constant" else "a smaller --lr")
-        brake = (f"a --target_kl under {self._target_kl:g}" if self._target_kl > 0
-                 else "--target_kl 0.01 (a batch's passes end once the policy moved that far)")
+        # No tighter brake for a run that has one: Hopper-v5's falls build over hundreds of
+        # updates each within the brake, and went on at half its --target_kl (benchmarks/learning_suite.py).
+        brake = ("" if self._target_kl > 0
+                 else ", or --target_kl 0.01 (a batch's passes end once the policy moved that far)")
         # Hopper-v5's deterministic evaluations fall with its training returns: whatever the
         # schedule, only an evaluator keeps the best policy.
         best = ("the best evaluated policy stays in checkpoints/best.pt" if self._evaluating else
                 "--eval_every_frames keeps the best policy it sees in checkpoints/best.pt")
         return (f"the 100-episode mean return fell to {_number(mean)}, giving back {given_back:.0%} of its rise to "
-                f"its best {_number(self._best_return)}: the policy is unlearning; try {rate}, or {brake}; {best}")
+                f"its best {_number(self._best_return)}: the policy is unlearning; try {rate}{brake}; {best}")
 
 
 def _number(value: float) -> str:
